@@ -1,0 +1,1 @@
+DELETE FROM queue WHERE id = ?1

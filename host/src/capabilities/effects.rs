@@ -1,0 +1,140 @@
+//! Keyed external calls: journaled per (plugin, message key, step).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::HostAbort;
+use crate::config::EndpointConfig;
+use crate::envelope::idempotency_key;
+use crate::runtime::bindings::idem::handler::effects::CallError;
+use crate::runtime::HostState;
+use crate::stats::Counters;
+
+/// The header every attempt of a step carries, with the same value.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+/// Configured endpoints and one HTTP client (connections are reused).
+#[derive(Clone)]
+pub struct Endpoints {
+    endpoints: BTreeMap<String, EndpointConfig>,
+    client: reqwest::Client,
+}
+
+impl Endpoints {
+    /// Endpoints by name.
+    pub fn new(endpoints: BTreeMap<String, EndpointConfig>) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot create the HTTP client for effects: {e}"))?;
+        Ok(Endpoints { endpoints, client })
+    }
+
+    /// Look up one endpoint.
+    pub fn get(&self, name: &str) -> Option<&EndpointConfig> {
+        self.endpoints.get(name)
+    }
+}
+
+/// The host side of `effects.call`.
+pub(crate) async fn call(state: &mut HostState, endpoint: String, step: String, request: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
+    let plugin = state.plugin.clone();
+    if !plugin.grants.endpoints.contains(&endpoint) {
+        return Ok(Err(CallError::AccessDenied(format!(
+            "plugin {} may not call endpoint {endpoint:?}; grant it in plugins.{}.endpoints",
+            plugin.name, plugin.name
+        ))));
+    }
+    if step.is_empty() || step.len() > 128 {
+        return Ok(Err(CallError::Permanent(format!("step name must be 1 to 128 bytes, got {} bytes", step.len()))));
+    }
+    if request.len() > plugin.limits.max_value_bytes {
+        return Ok(Err(CallError::Permanent(format!(
+            "request of {} bytes exceeds limits.max_value_bytes = {}",
+            request.len(),
+            plugin.limits.max_value_bytes
+        ))));
+    }
+    let caps = state.caps.clone();
+    let key = state.exec.key.clone();
+
+    // A journaled response is replayed: the endpoint is not called again.
+    match caps.claims.journal_get(&plugin.name, &key, &step).await {
+        Ok(Some(response)) => {
+            Counters::inc(&caps.counters.journal_replays);
+            tracing::debug!(plugin = %plugin.name, %key, %step, "replaying journaled response");
+            return Ok(Ok(response));
+        }
+        Ok(None) => {}
+        Err(e) => return Ok(Err(CallError::Transient(format!("journal unavailable: {e}")))),
+    }
+
+    let Some(config) = caps.effects.get(&endpoint) else {
+        return Ok(Err(CallError::AccessDenied(format!("endpoint {endpoint:?} is not configured; add [endpoints.{endpoint}] with its url"))));
+    };
+    let idem_key = idempotency_key(&plugin.name, &key, &step);
+    Counters::inc(&caps.counters.external_calls);
+    let sent = caps
+        .effects
+        .client
+        .post(&config.url)
+        .timeout(Duration::from_millis(config.timeout_ms))
+        .header(IDEMPOTENCY_KEY_HEADER, &idem_key)
+        .header("Idem-Plugin", &plugin.name)
+        .header("Idem-Message-Key", &key)
+        .header("Idem-Step", &step)
+        .header("Content-Type", "application/json")
+        .body(request.clone())
+        .send()
+        .await;
+    let response = match sent {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: {e}")))),
+    };
+    let status = response.status();
+    let body = match response.bytes().await {
+        Ok(b) => b,
+        Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: reading the response failed: {e}")))),
+    };
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+        let retryable = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 || status.as_u16() == 409;
+        let message = format!("{endpoint} answered {status}: {text}");
+        return Ok(Err(if retryable { CallError::Transient(message) } else { CallError::Permanent(message) }));
+    }
+    if body.len() > plugin.limits.max_value_bytes {
+        return Ok(Err(CallError::Permanent(format!(
+            "{endpoint} answered {} bytes, over limits.max_value_bytes = {}",
+            body.len(),
+            plugin.limits.max_value_bytes
+        ))));
+    }
+
+    // Journal before returning: a later attempt replays this response. A
+    // stale fence means another worker owns the message now: stop here.
+    let request_hash = hex::encode(Sha256::digest(&request));
+    let claim = match &state.exec.claim {
+        Some(c) => c.clone(),
+        None => return Ok(Ok(body.to_vec())),
+    };
+    match caps.claims.journal_put(&claim, &step, &request_hash, &body, &plugin.version, crate::now_ms()).await {
+        Ok(true) => {}
+        Ok(false) => {
+            Counters::inc(&caps.counters.fence_rejections);
+            tracing::warn!(plugin = %plugin.name, %key, %step, "journal write refused: fence is stale, interrupting the instance");
+            state.abort = Some(HostAbort::FenceLost);
+            return Err(HostAbort::FenceLost.into());
+        }
+        Err(e) => return Ok(Err(CallError::Transient(format!("journal unavailable after {endpoint} answered: {e}")))),
+    }
+    if let Some(inject) = &caps.crash_injector {
+        if inject(&plugin.name, &key, state.exec.attempt, &step) {
+            Counters::inc(&caps.counters.crashes);
+            state.abort = Some(HostAbort::SimulatedCrash);
+            return Err(HostAbort::SimulatedCrash.into());
+        }
+    }
+    Ok(Ok(body.to_vec()))
+}

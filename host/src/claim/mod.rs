@@ -1,0 +1,185 @@
+//! Claims, the effect journal and dead letters: the state that decides how
+//! often and when a handler runs.
+//!
+//! A claim is taken per (plugin, idempotency key). It carries a lease (who
+//! runs it, until when), a fence (a number that grows with each takeover),
+//! an attempt count (incremented at claim time, so an execution whose worker
+//! died still counts) and the payload hash (a key reused with a different
+//! payload is a conflict). Every change after the claim names the fence it
+//! expects; a stale fence changes nothing.
+
+pub mod sqlite;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+/// A claim held by one execution: what every guarded operation presents.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClaimRef {
+    /// Plugin name.
+    pub plugin: String,
+    /// Idempotency key.
+    pub key: String,
+    /// The fence this execution was given.
+    pub fence: i64,
+}
+
+/// Ask for a claim on one delivery.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Plugin name.
+    pub plugin: &'a str,
+    /// Idempotency key.
+    pub key: &'a str,
+    /// The producer's message id.
+    pub msg_id: &'a str,
+    /// [`crate::envelope::payload_hash`] of the payload.
+    pub payload_hash: &'a str,
+    /// Headers and payload, kept with a dead letter if the claim decides the
+    /// message is dead (attempts exhausted, or conflicting payload).
+    pub headers: &'a [(String, String)],
+    /// The payload.
+    pub payload: &'a [u8],
+    /// Who runs it.
+    pub owner: &'a str,
+    /// Lease length in milliseconds.
+    pub lease_ms: i64,
+    /// Executions allowed before the message is dead-lettered.
+    pub max_attempts: u32,
+    /// Content hash of the plugin that will run it.
+    pub plugin_version: &'a str,
+}
+
+/// What a claim request decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Run it, with this fence; `attempt` counts this execution.
+    Acquired {
+        /// The fence to present.
+        fence: i64,
+        /// 1 for the first execution.
+        attempt: u32,
+        /// Traps so far.
+        traps: u32,
+    },
+    /// Already done: ack the delivery, do not run.
+    Done,
+    /// Already dead-lettered: ack the delivery, do not run.
+    DeadLettered,
+    /// Another execution holds a live lease, or a retry is not due yet:
+    /// redeliver after `retry_after_ms`, do not ack.
+    Busy {
+        /// When it is worth trying again.
+        retry_after_ms: i64,
+    },
+    /// The key was first seen with a different payload; this delivery was
+    /// dead-lettered with that reason. Ack it.
+    Conflict,
+    /// The attempt limit was reached; the message was dead-lettered. Ack it.
+    Exhausted {
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// A message to dead-letter.
+#[derive(Debug, Clone)]
+pub struct DeadLetterRequest<'a> {
+    /// Plugin name (or the unknown handler name).
+    pub plugin: &'a str,
+    /// Idempotency key (the message id if none could be derived).
+    pub key: &'a str,
+    /// The producer's message id.
+    pub msg_id: &'a str,
+    /// Headers as delivered.
+    pub headers: &'a [(String, String)],
+    /// Payload as delivered.
+    pub payload: &'a [u8],
+    /// Why.
+    pub reason: &'a str,
+    /// The claim being ended, if the message was claimed. Without one the
+    /// dead letter is recorded as-is (malformed input never claimed).
+    pub fence: Option<i64>,
+    /// Content hash of the plugin, if one was loaded.
+    pub plugin_version: Option<&'a str>,
+}
+
+/// A dead-lettered message.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// Row id, for `idem dlq show`.
+    pub id: i64,
+    /// Plugin name.
+    pub plugin: String,
+    /// Idempotency key.
+    pub key: String,
+    /// Producer's message id.
+    pub msg_id: String,
+    /// Payload, lossily as text.
+    pub payload: String,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// Executions made.
+    pub attempts: u32,
+    /// Content hash of the plugin.
+    pub plugin_version: Option<String>,
+    /// When the claim was first taken (ms).
+    pub first_seen_at: i64,
+    /// When it was dead-lettered (ms).
+    pub dead_at: i64,
+}
+
+/// Counts by claim state.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ClaimCounts {
+    /// Claims held by a running execution.
+    pub running: u64,
+    /// Claims waiting for a retry.
+    pub retry: u64,
+    /// Claims done.
+    pub done: u64,
+    /// Claims dead-lettered.
+    pub dead: u64,
+    /// Dead-letter rows (includes input that was never claimed).
+    pub dead_letters: u64,
+}
+
+/// Errors of the claim store itself (not of the guarded operations, which
+/// answer with `false` when the fence is stale).
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The store could not be reached or failed.
+    #[error("claim store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl From<sqlx::Error> for ClaimError {
+    fn from(e: sqlx::Error) -> Self {
+        ClaimError::Unavailable(e.to_string())
+    }
+}
+
+/// The claim store. Batch methods answer per item, in order.
+#[async_trait]
+pub trait ClaimStore: Send + Sync + 'static {
+    /// Claim each delivery (one round trip for the batch).
+    async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError>;
+    /// Extend the leases of running claims; `false` where the fence is stale.
+    async fn extend(&self, claims: &[ClaimRef], lease_ms: i64, now: i64) -> Result<Vec<bool>, ClaimError>;
+    /// Mark claims done; `false` where the fence is stale (do not ack then).
+    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError>;
+    /// Give a claim back for a retry no earlier than `not_before`.
+    async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError>;
+    /// Record dead letters; for claimed messages, only if the fence is
+    /// current (`false` otherwise, and nothing is recorded).
+    async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError>;
+    /// The journaled response of a step, if any.
+    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<Vec<u8>>, ClaimError>;
+    /// Journal a step's response; `false` if the fence is stale (nothing
+    /// written). A response already journaled for the step is kept.
+    async fn journal_put(&self, claim: &ClaimRef, step: &str, request_hash: &str, response: &[u8], plugin_version: &str, now: i64) -> Result<bool, ClaimError>;
+    /// Counts by state.
+    async fn counts(&self) -> Result<ClaimCounts, ClaimError>;
+    /// Dead letters, newest first.
+    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError>;
+}

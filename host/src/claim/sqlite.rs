@@ -1,0 +1,312 @@
+//! Claims, journal and dead letters in the embedded SQLite database.
+//!
+//! Every transaction that changes state starts with `BEGIN IMMEDIATE`, so
+//! SQLite's single write lock serialises claims and guarded writes: a check
+//! and the write it guards can never interleave with a takeover.
+
+use async_trait::async_trait;
+use sqlx::{Row, Sqlite, SqlitePool, Transaction};
+
+use super::{ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest};
+
+/// The SQLite claim store.
+pub struct SqliteClaims {
+    pool: SqlitePool,
+}
+
+impl SqliteClaims {
+    /// Use the claim tables of this pool's database.
+    pub fn new(pool: SqlitePool) -> Self {
+        SqliteClaims { pool }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn insert_dead_letter(
+    tx: &mut Transaction<'static, Sqlite>,
+    plugin: &str,
+    key: &str,
+    msg_id: &str,
+    headers: &[(String, String)],
+    payload: &[u8],
+    reason: &str,
+    attempts: i64,
+    plugin_version: Option<&str>,
+    first_seen_at: i64,
+    now: i64,
+) -> Result<(), ClaimError> {
+    sqlx::query(include_str!("../../queries/sqlite/dead_letter_insert.sql"))
+        .bind(plugin)
+        .bind(key)
+        .bind(msg_id)
+        .bind(serde_json::to_string(headers).unwrap_or_else(|_| "[]".into()))
+        .bind(payload)
+        .bind(reason)
+        .bind(attempts)
+        .bind(plugin_version)
+        .bind(first_seen_at)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Check `claim`'s fence and take the write lock, inside `tx`.
+pub(crate) async fn fence_holds(tx: &mut Transaction<'static, Sqlite>, claim: &ClaimRef) -> Result<bool, sqlx::Error> {
+    let r = sqlx::query(include_str!("../../queries/sqlite/fence_check.sql"))
+        .bind(&claim.plugin)
+        .bind(&claim.key)
+        .bind(claim.fence)
+        .execute(&mut **tx)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+#[async_trait]
+impl ClaimStore for SqliteClaims {
+    async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(requests.len());
+        for r in requests {
+            let existing = sqlx::query(include_str!("../../queries/sqlite/claim_get.sql"))
+                .bind(r.plugin)
+                .bind(r.key)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = existing else {
+                sqlx::query(include_str!("../../queries/sqlite/claim_insert.sql"))
+                    .bind(r.plugin)
+                    .bind(r.key)
+                    .bind(r.msg_id)
+                    .bind(r.payload_hash)
+                    .bind(r.owner)
+                    .bind(now + r.lease_ms)
+                    .bind(r.plugin_version)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                out.push(ClaimOutcome::Acquired { fence: 1, attempt: 1, traps: 0 });
+                continue;
+            };
+            let hash: String = row.try_get("payload_hash")?;
+            let state: String = row.try_get("state")?;
+            let fence: i64 = row.try_get("fence")?;
+            let lease_until: i64 = row.try_get("lease_until")?;
+            let not_before: i64 = row.try_get("not_before")?;
+            let attempts: i64 = row.try_get("attempts")?;
+            let last_error: Option<String> = row.try_get("last_error")?;
+            let created_at: i64 = row.try_get("created_at")?;
+            if hash != r.payload_hash {
+                let reason = format!(
+                    "conflict: key {:?} of plugin {} was first seen with a different payload (sha256 {}…, this delivery {}…); a reused key is not a duplicate",
+                    r.key,
+                    r.plugin,
+                    &hash[..12.min(hash.len())],
+                    &r.payload_hash[..12.min(r.payload_hash.len())]
+                );
+                insert_dead_letter(&mut tx, r.plugin, r.key, r.msg_id, r.headers, r.payload, &reason, 0, Some(r.plugin_version), now, now).await?;
+                out.push(ClaimOutcome::Conflict);
+                continue;
+            }
+            let outcome = match state.as_str() {
+                "done" => ClaimOutcome::Done,
+                "dead" => ClaimOutcome::DeadLettered,
+                "running" if lease_until > now => ClaimOutcome::Busy { retry_after_ms: lease_until - now },
+                "retry" if not_before > now => ClaimOutcome::Busy { retry_after_ms: not_before - now },
+                _ if attempts >= r.max_attempts as i64 => {
+                    let reason = format!(
+                        "attempts exhausted: {attempts} of {} made; last error: {}",
+                        r.max_attempts,
+                        last_error.as_deref().unwrap_or("the worker running it stopped (crash or kill) before settling")
+                    );
+                    sqlx::query(include_str!("../../queries/sqlite/claim_mark_dead.sql"))
+                        .bind(r.plugin)
+                        .bind(r.key)
+                        .bind(None::<i64>)
+                        .bind(&reason)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    insert_dead_letter(&mut tx, r.plugin, r.key, r.msg_id, r.headers, r.payload, &reason, attempts, Some(r.plugin_version), created_at, now).await?;
+                    ClaimOutcome::Exhausted { attempts: attempts as u32 }
+                }
+                _ => {
+                    let row = sqlx::query(include_str!("../../queries/sqlite/claim_takeover.sql"))
+                        .bind(r.plugin)
+                        .bind(r.key)
+                        .bind(fence)
+                        .bind(r.owner)
+                        .bind(now + r.lease_ms)
+                        .bind(r.plugin_version)
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    ClaimOutcome::Acquired {
+                        fence: row.try_get("fence")?,
+                        attempt: row.try_get::<i64, _>("attempts")? as u32,
+                        traps: row.try_get::<i64, _>("traps")? as u32,
+                    }
+                }
+            };
+            out.push(outcome);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn extend(&self, claims: &[ClaimRef], lease_ms: i64, now: i64) -> Result<Vec<bool>, ClaimError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(claims.len());
+        for c in claims {
+            let r = sqlx::query(include_str!("../../queries/sqlite/claim_extend.sql"))
+                .bind(&c.plugin)
+                .bind(&c.key)
+                .bind(c.fence)
+                .bind(now + lease_ms)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            out.push(r.rows_affected() == 1);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(claims.len());
+        for c in claims {
+            let r = sqlx::query(include_str!("../../queries/sqlite/claim_confirm.sql"))
+                .bind(&c.plugin)
+                .bind(&c.key)
+                .bind(c.fence)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            out.push(r.rows_affected() == 1);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {
+        let r = sqlx::query(include_str!("../../queries/sqlite/claim_release.sql"))
+            .bind(&claim.plugin)
+            .bind(&claim.key)
+            .bind(claim.fence)
+            .bind(not_before)
+            .bind(error)
+            .bind(trapped as i64)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(items.len());
+        for d in items {
+            let (attempts, first_seen, version) = match d.fence {
+                Some(fence) => {
+                    let row = sqlx::query(include_str!("../../queries/sqlite/claim_mark_dead.sql"))
+                        .bind(d.plugin)
+                        .bind(d.key)
+                        .bind(fence)
+                        .bind(d.reason)
+                        .bind(now)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    match row {
+                        Some(row) => (
+                            row.try_get::<i64, _>("attempts")?,
+                            row.try_get::<i64, _>("created_at")?,
+                            row.try_get::<Option<String>, _>("plugin_version")?,
+                        ),
+                        None => {
+                            out.push(false);
+                            continue;
+                        }
+                    }
+                }
+                None => (0, now, d.plugin_version.map(str::to_string)),
+            };
+            insert_dead_letter(&mut tx, d.plugin, d.key, d.msg_id, d.headers, d.payload, d.reason, attempts, version.as_deref(), first_seen, now).await?;
+            out.push(true);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<Vec<u8>>, ClaimError> {
+        Ok(sqlx::query_scalar(include_str!("../../queries/sqlite/journal_get.sql"))
+            .bind(plugin)
+            .bind(key)
+            .bind(step)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn journal_put(&self, claim: &ClaimRef, step: &str, request_hash: &str, response: &[u8], plugin_version: &str, now: i64) -> Result<bool, ClaimError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if !fence_holds(&mut tx, claim).await? {
+            return Ok(false);
+        }
+        sqlx::query(include_str!("../../queries/sqlite/journal_put.sql"))
+            .bind(&claim.plugin)
+            .bind(&claim.key)
+            .bind(step)
+            .bind(claim.fence)
+            .bind(request_hash)
+            .bind(response)
+            .bind(plugin_version)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state").fetch_all(&self.pool).await?;
+        let mut c = ClaimCounts::default();
+        for row in rows {
+            let n = row.try_get::<i64, _>("n")? as u64;
+            match row.try_get::<String, _>("state")?.as_str() {
+                "running" => c.running = n,
+                "retry" => c.retry = n,
+                "done" => c.done = n,
+                "dead" => c.dead = n,
+                _ => {}
+            }
+        }
+        c.dead_letters = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters").fetch_one(&self.pool).await? as u64;
+        Ok(c)
+    }
+
+    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
+        let rows = sqlx::query(
+            "SELECT id, plugin, key, msg_id, payload, reason, attempts, plugin_version, first_seen_at, dead_at FROM dead_letters ORDER BY id DESC LIMIT ?1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(DeadLetter {
+                    id: row.try_get("id")?,
+                    plugin: row.try_get("plugin")?,
+                    key: row.try_get("key")?,
+                    msg_id: row.try_get("msg_id")?,
+                    payload: String::from_utf8_lossy(&row.try_get::<Vec<u8>, _>("payload")?).into_owned(),
+                    reason: row.try_get("reason")?,
+                    attempts: row.try_get::<i64, _>("attempts")? as u32,
+                    plugin_version: row.try_get("plugin_version")?,
+                    first_seen_at: row.try_get("first_seen_at")?,
+                    dead_at: row.try_get("dead_at")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+}

@@ -1,0 +1,130 @@
+//! What travels through the broker, and what a worker derives from it.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// A message as a producer publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The producer's id for this logical message. Publishing the same id
+    /// twice is a duplicate, not a second message.
+    pub id: String,
+    /// Name of the plugin that handles it.
+    pub handler: String,
+    /// Producer-supplied headers.
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    /// The body; handlers usually expect JSON.
+    #[serde(with = "payload_json")]
+    pub payload: Vec<u8>,
+}
+
+/// A payload is written as JSON when it is JSON, as a string otherwise.
+mod payload_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(payload: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        match serde_json::from_slice::<serde_json::Value>(payload) {
+            Ok(v) => v.serialize(s),
+            Err(_) => String::from_utf8_lossy(payload).serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(match v {
+            serde_json::Value::String(s) => s.into_bytes(),
+            other => serde_json::to_vec(&other).map_err(serde::de::Error::custom)?,
+        })
+    }
+}
+
+/// One delivery of an envelope by a broker.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message.
+    pub envelope: Envelope,
+    /// Opaque handle the broker needs to ack, nack or extend this delivery.
+    pub receipt: String,
+    /// How many times the broker has delivered it (1 = first).
+    pub delivery_count: u32,
+}
+
+/// Hex SHA-256 of a payload: a key reused with a different payload is a
+/// conflict, not a duplicate.
+pub fn payload_hash(payload: &[u8]) -> String {
+    hex::encode(Sha256::digest(payload))
+}
+
+/// The stable `Idempotency-Key` sent with every attempt of one external
+/// call step.
+pub fn idempotency_key(plugin: &str, key: &str, step: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"idem/v1");
+    for part in [plugin, key, step] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+/// Derive the idempotency key of a message: the value at `pointer` in the
+/// JSON payload, or the message id when no pointer is configured.
+pub fn derive_key(envelope: &Envelope, pointer: Option<&str>) -> Result<String, String> {
+    let Some(pointer) = pointer else {
+        return Ok(envelope.id.clone());
+    };
+    let value: serde_json::Value = serde_json::from_slice(&envelope.payload).map_err(|e| {
+        format!("the plugin derives its key from {pointer} but the payload is not JSON: {e}")
+    })?;
+    match value.pointer(pointer) {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+        Some(other) => Err(format!("the key at {pointer} must be a non-empty string or a number, found {other}")),
+        None => Err(format!("the payload has no value at {pointer}, which this plugin derives its key from")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(payload: &str) -> Envelope {
+        Envelope { id: "m1".into(), handler: "h".into(), headers: vec![], payload: payload.as_bytes().to_vec() }
+    }
+
+    #[test]
+    fn key_is_message_id_without_pointer() {
+        assert_eq!(derive_key(&env("{}"), None).unwrap(), "m1");
+    }
+
+    #[test]
+    fn key_from_pointer() {
+        assert_eq!(derive_key(&env(r#"{"p":{"id":"x7"}}"#), Some("/p/id")).unwrap(), "x7");
+        assert_eq!(derive_key(&env(r#"{"n":42}"#), Some("/n")).unwrap(), "42");
+        assert!(derive_key(&env(r#"{"n":null}"#), Some("/n")).unwrap_err().contains("/n"));
+        assert!(derive_key(&env("not json"), Some("/n")).unwrap_err().contains("not JSON"));
+        assert!(derive_key(&env("{}"), Some("/missing")).unwrap_err().contains("/missing"));
+    }
+
+    #[test]
+    fn idempotency_key_is_stable_and_distinct_per_step() {
+        let a = idempotency_key("p", "k", "charge");
+        assert_eq!(a, idempotency_key("p", "k", "charge"));
+        assert_ne!(a, idempotency_key("p", "k", "email"));
+        assert_ne!(a, idempotency_key("p", "k2", "charge"));
+        assert_ne!(idempotency_key("p", "k\0x", "y"), idempotency_key("p", "k", "x\0y"));
+        assert_eq!(a.len(), 32);
+    }
+
+    #[test]
+    fn envelope_json_round_trip_keeps_payload() {
+        let e = env(r#"{"a":1}"#);
+        let s = serde_json::to_string(&e).unwrap();
+        assert!(s.contains(r#""payload":{"a":1}"#));
+        assert_eq!(serde_json::from_str::<Envelope>(&s).unwrap(), e);
+        let raw = env("plain text");
+        let back: Envelope = serde_json::from_str(&serde_json::to_string(&raw).unwrap()).unwrap();
+        assert_eq!(back.payload, b"plain text");
+    }
+}

@@ -1,0 +1,58 @@
+//! The plugin data store: collections of opaque values, with writes that
+//! commit only while the writer's claim is current.
+
+pub mod sqlite;
+
+use async_trait::async_trait;
+
+use crate::claim::ClaimRef;
+
+/// The outcome of an insert-unique.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inserted {
+    /// The key was free.
+    Inserted,
+    /// The key was taken; its value.
+    Existed(Vec<u8>),
+}
+
+/// Why a data-store operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The writer's fence is stale: another execution took the claim over.
+    #[error("claim {plugin}/{key} was taken over (fence {fence} is stale); the write was refused")]
+    FenceLost {
+        /// Plugin.
+        plugin: String,
+        /// Key.
+        key: String,
+        /// The stale fence.
+        fence: i64,
+    },
+    /// The store could not be reached or failed.
+    #[error("data store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl From<sqlx::Error> for DataError {
+    fn from(e: sqlx::Error) -> Self {
+        DataError::Unavailable(e.to_string())
+    }
+}
+
+/// The data store. A write with `Some(claim)` commits only if the claim's
+/// fence is current, atomically with the check; `None` is an unguarded
+/// write (outage policy `run-unguarded`).
+#[async_trait]
+pub trait DataStore: Send + Sync + 'static {
+    /// Insert unless the key exists.
+    async fn insert_unique(&self, claim: Option<&ClaimRef>, collection: &str, key: &str, value: &[u8]) -> Result<Inserted, DataError>;
+    /// Set the key to the value.
+    async fn upsert(&self, claim: Option<&ClaimRef>, collection: &str, key: &str, value: &[u8]) -> Result<(), DataError>;
+    /// Read the key.
+    async fn get(&self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, DataError>;
+    /// Delete the key; true if it existed.
+    async fn delete(&self, claim: Option<&ClaimRef>, collection: &str, key: &str) -> Result<bool, DataError>;
+    /// Every key and value of a collection (for inspection and tests).
+    async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError>;
+}

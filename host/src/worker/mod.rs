@@ -1,0 +1,517 @@
+//! The worker pool: fetch, claim, run, settle.
+//!
+//! ```text
+//! fetch (batch) ─▶ validate ─▶ claim (batch) ─┬─ acquired ─▶ run ─▶ settle
+//!                     │                       ├─ done / dead / conflict / exhausted ─▶ ack
+//!                     └─ bad input ─▶ dead-letter + ack   └─ busy ─▶ redeliver later (no ack)
+//! ```
+//!
+//! Settling is ordered so that nothing is lost: the claim is confirmed (or
+//! released, or dead-lettered) first and the broker is acked only after that
+//! is durable. A worker that loses its claim settles nothing: whoever took
+//! the claim over settles the message.
+
+pub mod retry;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::backend::Backends;
+use crate::claim::{ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
+use crate::config::{Config, OutagePolicy, RetryConfig};
+use crate::envelope::{derive_key, payload_hash, Delivery};
+use crate::now_ms;
+use crate::runtime::{Execution, Outcome, Plugin, Runtime};
+use crate::stats::Counters;
+
+/// How a worker behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Identifies this worker in claims.
+    pub owner: String,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// Deliveries fetched per round trip.
+    pub batch_size: usize,
+    /// Claim lease.
+    pub lease: Duration,
+    /// Heartbeat interval; `None` disables the heartbeat (tests only).
+    pub heartbeat: Option<Duration>,
+    /// Broker visibility timeout.
+    pub visibility: Duration,
+    /// Redelivery delay for a busy key.
+    pub busy_retry: Duration,
+    /// Pause when the queue is empty.
+    pub poll_idle: Duration,
+    /// Retry policy.
+    pub retry: RetryConfig,
+    /// What to do when the claim store is unreachable.
+    pub outage_policy: OutagePolicy,
+}
+
+impl WorkerOptions {
+    /// Options from a configuration file.
+    pub fn from_config(config: &Config) -> Self {
+        let w = &config.worker;
+        WorkerOptions {
+            owner: format!("{}-{}", hostname(), uuid::Uuid::new_v4().simple()),
+            concurrency: w.concurrency,
+            batch_size: w.batch_size,
+            lease: w.lease(),
+            heartbeat: Some(w.heartbeat()),
+            visibility: w.visibility(),
+            busy_retry: Duration::from_millis(w.busy_retry_ms),
+            poll_idle: Duration::from_millis(w.poll_idle_ms),
+            retry: config.retry.clone(),
+            outage_policy: w.outage_policy,
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "worker".into())
+}
+
+struct InFlight {
+    claim: ClaimRef,
+    receipt: String,
+    interrupt: Arc<AtomicBool>,
+}
+
+/// One worker process's pool.
+pub struct Worker {
+    backends: Backends,
+    runtime: Arc<Runtime>,
+    options: WorkerOptions,
+    counters: Arc<Counters>,
+    in_flight: Mutex<HashMap<u64, InFlight>>,
+    next_id: AtomicU64,
+}
+
+impl Worker {
+    /// A worker over these backends and loaded plugins.
+    pub fn new(backends: Backends, runtime: Arc<Runtime>, options: WorkerOptions, counters: Arc<Counters>) -> Arc<Self> {
+        Arc::new(Worker { backends, runtime, options, counters, in_flight: Mutex::new(HashMap::new()), next_id: AtomicU64::new(0) })
+    }
+
+    /// Handlers running now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.lock().expect("in-flight map poisoned").len()
+    }
+
+    /// Consume until `shutdown` is cancelled, then wait for running
+    /// handlers to settle.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<()> {
+        let heartbeat = self.options.heartbeat.map(|every| {
+            let this = self.clone();
+            let stop = shutdown.child_token();
+            tokio::spawn(async move { this.heartbeat_loop(every, stop).await })
+        });
+        let slots = Arc::new(Semaphore::new(self.options.concurrency));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut backoff = self.options.poll_idle;
+        loop {
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                permit = slots.clone().acquire_owned() => permit.expect("semaphore closed"),
+            };
+            let want = (1 + slots.available_permits()).min(self.options.batch_size);
+            let deliveries = match self.backends.broker.fetch(want, self.options.visibility).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "fetch failed; retrying");
+                    drop(first);
+                    sleep_or_cancel(backoff, &shutdown).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            backoff = self.options.poll_idle;
+            if deliveries.is_empty() {
+                drop(first);
+                sleep_or_cancel(self.options.poll_idle, &shutdown).await;
+                continue;
+            }
+            let mut permits = vec![first];
+            while permits.len() < deliveries.len() {
+                match slots.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            for (delivery, run) in self.admit(deliveries).await {
+                let permit = permits.pop().expect("one slot per fetched delivery");
+                let this = self.clone();
+                tasks.spawn(async move {
+                    this.execute(delivery, run).await;
+                    drop(permit);
+                });
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+        if let Some(h) = heartbeat {
+            h.abort();
+        }
+        Ok(())
+    }
+
+    /// Validate and claim a batch; settle what needs no execution and
+    /// return what should run.
+    async fn admit(&self, deliveries: Vec<Delivery>) -> Vec<(Delivery, Admitted)> {
+        let c = &self.counters;
+        c.deliveries.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
+        let now = now_ms();
+        let mut to_claim: Vec<(Delivery, Arc<Plugin>, String, String)> = Vec::new();
+        let mut rejected: Vec<(Delivery, String, String)> = Vec::new();
+        for d in deliveries {
+            match self.validate(&d) {
+                Ok((plugin, key)) => {
+                    let hash = payload_hash(&d.envelope.payload);
+                    to_claim.push((d, plugin, key, hash));
+                }
+                Err(reason) => {
+                    let key = d.envelope.id.clone();
+                    rejected.push((d, key, reason));
+                }
+            }
+        }
+        if !rejected.is_empty() {
+            let items: Vec<DeadLetterRequest> = rejected
+                .iter()
+                .map(|(d, key, reason)| DeadLetterRequest {
+                    plugin: &d.envelope.handler,
+                    key,
+                    msg_id: &d.envelope.id,
+                    headers: &d.envelope.headers,
+                    payload: &d.envelope.payload,
+                    reason,
+                    fence: None,
+                    plugin_version: None,
+                })
+                .collect();
+            match self.backends.claims.dead_letter(&items, now).await {
+                Ok(_) => {
+                    for (d, _, reason) in &rejected {
+                        tracing::warn!(msg_id = %d.envelope.id, handler = %d.envelope.handler, %reason, "dead-lettered bad input");
+                    }
+                    c.dead_lettered.fetch_add(rejected.len() as u64, Ordering::Relaxed);
+                    self.ack(rejected.iter().map(|(d, _, _)| d.receipt.as_str()).collect()).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot record dead letters; leaving the deliveries unacked");
+                    for (d, _, _) in &rejected {
+                        self.nack(&d.receipt, self.options.busy_retry).await;
+                    }
+                }
+            }
+        }
+        if to_claim.is_empty() {
+            return Vec::new();
+        }
+        let requests: Vec<ClaimRequest> = to_claim
+            .iter()
+            .map(|(d, plugin, key, hash)| ClaimRequest {
+                plugin: &plugin.name,
+                key,
+                msg_id: &d.envelope.id,
+                payload_hash: hash,
+                headers: &d.envelope.headers,
+                payload: &d.envelope.payload,
+                owner: &self.options.owner,
+                lease_ms: self.options.lease.as_millis() as i64,
+                max_attempts: self.options.retry.max_attempts,
+                plugin_version: &plugin.version,
+            })
+            .collect();
+        let outcomes = match self.backends.claims.claim(&requests, now).await {
+            Ok(o) => o,
+            Err(e) => return self.claim_outage(to_claim, e).await,
+        };
+        let mut run = Vec::new();
+        let mut acks = Vec::new();
+        for ((d, plugin, key, _), outcome) in to_claim.into_iter().zip(outcomes) {
+            match outcome {
+                ClaimOutcome::Acquired { fence, attempt, traps } => {
+                    let claim = ClaimRef { plugin: plugin.name.clone(), key: key.clone(), fence };
+                    run.push((d, Admitted { plugin, key, claim: Some(claim), attempt, traps }));
+                }
+                ClaimOutcome::Done | ClaimOutcome::DeadLettered => {
+                    Counters::inc(&c.duplicates);
+                    tracing::debug!(msg_id = %d.envelope.id, %key, "duplicate delivery of a settled message; acking");
+                    acks.push(d.receipt);
+                }
+                ClaimOutcome::Conflict => {
+                    Counters::inc(&c.conflicts);
+                    Counters::inc(&c.dead_lettered);
+                    tracing::warn!(msg_id = %d.envelope.id, %key, "key reused with a different payload; dead-lettered");
+                    acks.push(d.receipt);
+                }
+                ClaimOutcome::Exhausted { attempts } => {
+                    Counters::inc(&c.dead_lettered);
+                    tracing::warn!(msg_id = %d.envelope.id, %key, attempts, "attempts exhausted; dead-lettered");
+                    acks.push(d.receipt);
+                }
+                ClaimOutcome::Busy { retry_after_ms } => {
+                    Counters::inc(&c.busy);
+                    let delay = Duration::from_millis(retry_after_ms.max(1) as u64).min(self.options.busy_retry);
+                    tracing::debug!(msg_id = %d.envelope.id, %key, ?delay, "key is busy; redelivering later");
+                    self.nack(&d.receipt, delay).await;
+                }
+            }
+        }
+        self.ack(acks.iter().map(String::as_str).collect()).await;
+        run
+    }
+
+    /// G8: the claim store is unreachable.
+    async fn claim_outage(&self, batch: Vec<(Delivery, Arc<Plugin>, String, String)>, error: crate::claim::ClaimError) -> Vec<(Delivery, Admitted)> {
+        Counters::inc(&self.counters.outage_decisions);
+        let mut run = Vec::new();
+        for (d, plugin, key, _) in batch {
+            let unguarded = self.options.outage_policy == OutagePolicy::RunUnguarded && plugin.grants.endpoints.is_empty();
+            if unguarded {
+                tracing::warn!(error = %error, msg_id = %d.envelope.id, "claim store unreachable: running unguarded (outage_policy = run-unguarded)");
+                let attempt = d.delivery_count.max(1);
+                run.push((d, Admitted { plugin, key, claim: None, attempt, traps: 0 }));
+            } else {
+                tracing::warn!(error = %error, msg_id = %d.envelope.id, "claim store unreachable: leaving the delivery unacked (outage_policy = reject)");
+                self.nack(&d.receipt, self.options.busy_retry).await;
+            }
+        }
+        run
+    }
+
+    fn validate(&self, d: &Delivery) -> Result<(Arc<Plugin>, String), String> {
+        let e = &d.envelope;
+        let Some(plugin) = self.runtime.plugin(&e.handler) else {
+            return Err(format!(
+                "unknown handler {:?}: no plugin of that name is loaded (loaded: {}); publish to one of them or add it under [plugins]",
+                e.handler,
+                self.runtime.plugin_names().join(", ")
+            ));
+        };
+        if e.payload.len() > plugin.limits.max_payload_bytes {
+            return Err(format!(
+                "payload of {} bytes exceeds limits.max_payload_bytes = {} of plugin {}",
+                e.payload.len(),
+                plugin.limits.max_payload_bytes,
+                plugin.name
+            ));
+        }
+        if e.id.is_empty() {
+            return Err("message id is empty".into());
+        }
+        let key = derive_key(e, plugin.key_pointer.as_deref())?;
+        Ok((plugin, key))
+    }
+
+    async fn execute(self: Arc<Self>, d: Delivery, a: Admitted) {
+        let c = &self.counters;
+        Counters::inc(&c.executions);
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Some(claim) = &a.claim {
+            self.in_flight
+                .lock()
+                .expect("in-flight map poisoned")
+                .insert(id, InFlight { claim: claim.clone(), receipt: d.receipt.clone(), interrupt: interrupt.clone() });
+        }
+        let span = tracing::info_span!("message", plugin = %a.plugin.name, key = %a.key, attempt = a.attempt, fence = a.claim.as_ref().map(|c| c.fence));
+        let exec = Execution {
+            msg_id: d.envelope.id.clone(),
+            key: a.key.clone(),
+            attempt: a.attempt,
+            headers: d.envelope.headers.clone(),
+            payload: d.envelope.payload.clone(),
+            claim: a.claim.clone(),
+            interrupt,
+        };
+        let outcome = self.runtime.execute(&a.plugin, exec).instrument(span.clone()).await;
+        self.in_flight.lock().expect("in-flight map poisoned").remove(&id);
+        self.settle(d, a, outcome).instrument(span).await;
+    }
+
+    async fn settle(&self, d: Delivery, a: Admitted, outcome: Outcome) {
+        let c = &self.counters;
+        let Some(claim) = a.claim.clone() else {
+            // Unguarded run (claim store down): ack only a success.
+            match outcome {
+                Outcome::Done => {
+                    Counters::inc(&c.done);
+                    self.ack(vec![&d.receipt]).await;
+                }
+                _ => self.nack(&d.receipt, self.options.busy_retry).await,
+            }
+            return;
+        };
+        let now = now_ms();
+        match outcome {
+            Outcome::Done => match self.backends.claims.confirm(std::slice::from_ref(&claim), now).await {
+                Ok(v) if v.first() == Some(&true) => {
+                    Counters::inc(&c.done);
+                    tracing::debug!("done");
+                    self.ack(vec![&d.receipt]).await;
+                }
+                Ok(_) => {
+                    Counters::inc(&c.fence_rejections);
+                    tracing::warn!("confirm refused: the claim was taken over; not acking");
+                }
+                Err(e) => tracing::warn!(error = %e, "confirm failed; the delivery will be redelivered"),
+            },
+            Outcome::Permanent(reason) => {
+                Counters::inc(&c.permanent_errors);
+                self.dead_letter(&d, &a, &claim, &format!("permanent error: {reason}")).await;
+            }
+            Outcome::Transient(reason) => self.retry_or_dead_letter(&d, &a, &claim, &reason, false).await,
+            Outcome::Trapped(reason) => {
+                Counters::inc(&c.traps);
+                tracing::warn!(%reason, "handler trapped");
+                self.retry_or_dead_letter(&d, &a, &claim, &reason, true).await
+            }
+            Outcome::FenceLost => {
+                Counters::inc(&c.fence_rejections);
+                tracing::warn!("execution stopped: the claim was taken over; not settling");
+            }
+            Outcome::Crashed => {
+                tracing::info!("simulated crash: abandoning the execution without settling");
+            }
+        }
+    }
+
+    async fn retry_or_dead_letter(&self, d: &Delivery, a: &Admitted, claim: &ClaimRef, reason: &str, trapped: bool) {
+        let policy = &self.options.retry;
+        let traps = a.traps + trapped as u32;
+        if a.attempt >= policy.max_attempts {
+            let why = format!("attempts exhausted ({} of {}): {reason}", a.attempt, policy.max_attempts);
+            return self.dead_letter(d, a, claim, &why).await;
+        }
+        if trapped && traps >= policy.max_traps {
+            let why = format!("trapped {traps} times (retry.max_traps = {}): {reason}", policy.max_traps);
+            return self.dead_letter(d, a, claim, &why).await;
+        }
+        let delay = retry::backoff(policy, a.attempt, rand::random::<f64>());
+        let now = now_ms();
+        match self.backends.claims.release(claim, now + delay.as_millis() as i64, reason, trapped, now).await {
+            Ok(true) => {
+                Counters::inc(&self.counters.retries);
+                tracing::info!(?delay, %reason, "retrying later");
+                self.nack(&d.receipt, delay).await;
+            }
+            Ok(false) => {
+                Counters::inc(&self.counters.fence_rejections);
+                tracing::warn!("release refused: the claim was taken over");
+            }
+            Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire and the message be redelivered"),
+        }
+    }
+
+    async fn dead_letter(&self, d: &Delivery, a: &Admitted, claim: &ClaimRef, reason: &str) {
+        let item = DeadLetterRequest {
+            plugin: &a.plugin.name,
+            key: &a.key,
+            msg_id: &d.envelope.id,
+            headers: &d.envelope.headers,
+            payload: &d.envelope.payload,
+            reason,
+            fence: Some(claim.fence),
+            plugin_version: Some(&a.plugin.version),
+        };
+        match self.backends.claims.dead_letter(&[item], now_ms()).await {
+            Ok(v) if v.first() == Some(&true) => {
+                Counters::inc(&self.counters.dead_lettered);
+                tracing::warn!(%reason, "dead-lettered");
+                self.ack(vec![&d.receipt]).await;
+            }
+            Ok(_) => {
+                Counters::inc(&self.counters.fence_rejections);
+                tracing::warn!("dead-letter refused: the claim was taken over");
+            }
+            Err(e) => tracing::warn!(error = %e, "dead-letter failed; the message will be redelivered"),
+        }
+    }
+
+    async fn ack(&self, receipts: Vec<&str>) {
+        if receipts.is_empty() {
+            return;
+        }
+        if let Err(e) = self.backends.broker.ack(&receipts).await {
+            // The outcome is durable already: a redelivery finds it settled.
+            tracing::warn!(error = %e, "ack failed; the settled message will be redelivered and acked as a duplicate");
+        }
+    }
+
+    async fn nack(&self, receipt: &str, delay: Duration) {
+        if let Err(e) = self.backends.broker.nack(receipt, delay).await {
+            tracing::warn!(error = %e, "nack failed; the delivery becomes visible when its visibility timeout ends");
+        }
+    }
+
+    async fn heartbeat_loop(&self, every: Duration, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let (claims, receipts, flags): (Vec<ClaimRef>, Vec<String>, Vec<Arc<AtomicBool>>) = {
+                let map = self.in_flight.lock().expect("in-flight map poisoned");
+                let mut claims = Vec::with_capacity(map.len());
+                let mut receipts = Vec::with_capacity(map.len());
+                let mut flags = Vec::with_capacity(map.len());
+                for f in map.values() {
+                    claims.push(f.claim.clone());
+                    receipts.push(f.receipt.clone());
+                    flags.push(f.interrupt.clone());
+                }
+                (claims, receipts, flags)
+            };
+            if claims.is_empty() {
+                continue;
+            }
+            match self.backends.claims.extend(&claims, self.options.lease.as_millis() as i64, now_ms()).await {
+                Ok(held) => {
+                    for ((ok, flag), claim) in held.iter().zip(&flags).zip(&claims) {
+                        if *ok {
+                            Counters::inc(&self.counters.lease_extensions);
+                        } else {
+                            tracing::warn!(plugin = %claim.plugin, key = %claim.key, fence = claim.fence, "lease lost to another worker; interrupting the execution");
+                            flag.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "lease extension failed; will retry at the next heartbeat"),
+            }
+            let refs: Vec<&str> = receipts.iter().map(String::as_str).collect();
+            if let Err(e) = self.backends.broker.extend(&refs, self.options.visibility).await {
+                tracing::warn!(error = %e, "visibility extension failed");
+            }
+        }
+    }
+}
+
+/// An admitted delivery: what runs, under which claim.
+struct Admitted {
+    plugin: Arc<Plugin>,
+    key: String,
+    claim: Option<ClaimRef>,
+    attempt: u32,
+    traps: u32,
+}
+
+async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = tokio::time::sleep(d) => {}
+    }
+}

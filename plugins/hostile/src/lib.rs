@@ -1,0 +1,75 @@
+//! A handler that misbehaves on purpose, to show that the sandbox contains it.
+//!
+//! The payload's `mode` picks the attack: `loop` spins forever (stopped by
+//! the CPU deadline), `memory` allocates until the memory limit, `recursion`
+//! recurses without bound, `ungranted-collection` and `ungranted-endpoint`
+//! use capabilities the plugin was not granted, `huge-log` floods the log,
+//! `huge-stdout` floods standard output; `ok` writes one granted value.
+
+use idem_sdk::{effects, log, store, Message, Result};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Attack {
+    mode: String,
+}
+
+#[inline(never)]
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64, pad: &mut [u8; 256]) -> u64 {
+    pad[(depth % 256) as usize] = depth as u8;
+    let mut next = *pad;
+    recurse(depth + 1, &mut next) + next[0] as u64
+}
+
+fn handle(msg: Message) -> Result<()> {
+    let attack: Attack = msg.json()?;
+    match attack.mode.as_str() {
+        "loop" => {
+            let mut x: u64 = 0;
+            loop {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        "memory" => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(vec![1u8; 1 << 20]);
+                std::hint::black_box(&hoard);
+            }
+        }
+        "recursion" => {
+            let mut pad = [0u8; 256];
+            std::hint::black_box(recurse(0, &mut pad));
+            Ok(())
+        }
+        "ungranted-collection" => {
+            store::collection("secrets").upsert("stolen", &"value")?;
+            Ok(())
+        }
+        "ungranted-endpoint" => {
+            let _: serde_json::Value = effects::call("exfiltrate", "send", &serde_json::json!({}))?;
+            Ok(())
+        }
+        "huge-log" => {
+            let line = "x".repeat(64 * 1024);
+            for _ in 0..10_000 {
+                log::info(&line);
+            }
+            Ok(())
+        }
+        "huge-stdout" => {
+            let line = "y".repeat(64 * 1024);
+            for _ in 0..10_000 {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        _ => {
+            store::collection("hostile").upsert(&msg.key, &"ok")?;
+            Ok(())
+        }
+    }
+}
+
+idem_sdk::handler!(handle);
