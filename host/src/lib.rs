@@ -8,6 +8,7 @@
 //! external calls, logs), and is settled by the [`worker`]: confirm and ack,
 //! retry later, or dead-letter and ack.
 
+pub mod app;
 pub mod backend;
 pub mod broker;
 pub mod capabilities;

@@ -1,1 +1,299 @@
-fn main() {}
+//! `idem`: the command line.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use idem_host::capabilities::Grants;
+use idem_host::config::Config;
+use idem_host::envelope::Envelope;
+use idem_host::{app, demo};
+
+/// Run broker messages through sandboxed WebAssembly handlers, safely under
+/// at-least-once delivery.
+#[derive(Parser)]
+#[command(name = "idem", version, about, long_about = None)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the worker pool until interrupted (SIGINT/SIGTERM).
+    Run(ConfigArg),
+    /// Publish messages to the queue.
+    Publish(PublishArgs),
+    /// Inspect plugin components.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// Counts of queued, running, done and dead-lettered messages.
+    Stats {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect the dead-letter store.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// The demo: duplicates, concurrent redeliveries, crashes and poison
+    /// against the example plugins, on a throwaway embedded database.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Args, Clone)]
+struct ConfigArg {
+    /// Configuration file (TOML). Without one, the embedded SQLite backend
+    /// in ./idem.db.
+    #[arg(long, short, env = "IDEM_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    fn load(&self) -> Result<Config> {
+        match &self.config {
+            Some(path) => Config::load(path),
+            None => {
+                let mut c = Config::default();
+                c.apply_env()?;
+                c.validate()?;
+                Ok(c)
+            }
+        }
+    }
+}
+
+#[derive(Args)]
+struct PublishArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Plugin that handles the message.
+    #[arg(long, required_unless_present = "file")]
+    handler: Option<String>,
+    /// Message id (a random one if omitted; publishing an id twice is a
+    /// duplicate of one message).
+    #[arg(long)]
+    id: Option<String>,
+    /// Payload (usually JSON).
+    #[arg(long, required_unless_present = "file")]
+    payload: Option<String>,
+    /// A header, `name=value`; repeatable.
+    #[arg(long = "header", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// Publish every line of this JSON Lines file: {"id", "handler", "payload", "headers"}.
+    #[arg(long, conflicts_with_all = ["handler", "payload", "id"])]
+    file: Option<PathBuf>,
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("header {s:?} must be name=value"))
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Compile a component and list its imports; refuse disallowed ones.
+    Check {
+        /// The component file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters, newest first.
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match &cli.command {
+        Command::Run(_) => "info",
+        // The demo's warnings (traps, lost leases) are its planned faults.
+        Command::Demo(_) => "error",
+        _ => "warn",
+    };
+    init_tracing(cli.log_format, default_level);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default_level},sqlx=warn,wasmtime=warn,cranelift=warn")));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Run(c) => {
+            let config = c.load()?;
+            run(config).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Publish(p) => {
+            publish(p).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin(PluginCommand::Check { file }) => plugin_check(&file).await,
+        Command::Stats { config, json } => {
+            let config = config.load()?;
+            let backends = idem_host::backend::open(&config).await?;
+            let stats = app::stats(&backends).await?;
+            if json {
+                println!("{}", serde_json::to_string(&stats)?);
+            } else {
+                println!(
+                    "pending {}  in-flight {}  retry {}  done {}  dead-lettered {}",
+                    stats.pending, stats.in_flight, stats.retry, stats.done, stats.dead_lettered
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dlq(DlqCommand::List { config, limit, json }) => {
+            let config = config.load()?;
+            let backends = idem_host::backend::open(&config).await?;
+            let letters = backends.claims.dead_letters(limit).await?;
+            if json {
+                println!("{}", serde_json::to_string(&letters)?);
+            } else {
+                for d in letters {
+                    println!("{:>6}  {:<16} {:<24} attempts {:<3} {}", d.id, d.plugin, d.key, d.attempts, d.reason);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo(args) => demo::main(args).await,
+    }
+}
+
+async fn run(config: Config) -> Result<()> {
+    if config.plugins.is_empty() {
+        bail!("no plugins configured: pass --config FILE with a [plugins.NAME] section per plugin (see examples/embedded.toml)");
+    }
+    let pool = app::Pool::start(&config, None).await?;
+    tracing::info!(
+        plugins = %pool.runtime.plugin_names().join(", "),
+        database = %config.database.path.display(),
+        concurrency = config.worker.concurrency,
+        "idem worker running"
+    );
+    let shutdown = pool.shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: no new deliveries; waiting for running handlers");
+        shutdown.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(130);
+    });
+    pool.join().await
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn publish(p: PublishArgs) -> Result<()> {
+    let config = p.config.load()?;
+    let backends = idem_host::backend::open(&config).await?;
+    let envelopes = match &p.file {
+        Some(file) => read_jsonl(file)?,
+        None => vec![Envelope {
+            id: p.id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            handler: p.handler.expect("clap requires --handler"),
+            headers: p.headers,
+            payload: p.payload.expect("clap requires --payload").into_bytes(),
+        }],
+    };
+    backends.broker.publish(&envelopes, Duration::ZERO).await?;
+    eprintln!("published {} message(s)", envelopes.len());
+    Ok(())
+}
+
+fn read_jsonl(file: &Path) -> Result<Vec<Envelope>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| {
+                format!("{}:{}: not a message; expected {{\"id\": ..., \"handler\": ..., \"payload\": ...}}", file.display(), i + 1)
+            })
+        })
+        .collect()
+}
+
+async fn plugin_check(file: &Path) -> Result<ExitCode> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let runtime = app::inspection_runtime()?;
+    let engine = runtime.engine().clone();
+    let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| {
+        anyhow::anyhow!("{} is not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2`", file.display())
+    })?;
+    let imports = idem_host::runtime::component_imports(&engine, &component);
+    println!("{}: {} bytes", file.display(), bytes.len());
+    println!("imports:");
+    let mut refused = 0;
+    for i in &imports {
+        let ok = idem_host::runtime::import_allowed(i);
+        refused += usize::from(!ok);
+        println!("  {} {i}", if ok { "ok     " } else { "REFUSED" });
+    }
+    let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").replace('_', "-");
+    match runtime.compile_blocking(&name, &bytes, Grants::default(), Default::default(), None) {
+        Ok(p) => {
+            println!("version {}: loads and exports `handle`", p.version);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            println!("refused ({refused} disallowed import(s)): {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,1 +1,119 @@
-fn main() {}
+//! Developer commands: `cargo xtask demo [-- ARGS]`, `cargo xtask test`,
+//! `cargo xtask plugins`, `cargo xtask lint`.
+//!
+//! Each sets up what it needs on a fresh machine: the `wasm32-wasip2`
+//! target, the plugin components, the host binary. Everything built lands
+//! in `target/`: plugins in `target/plugins/wasm32-wasip2/plugin/`, the host
+//! in `target/release/`, one build shared by the demo and the tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (task, rest) = args.split_first().map(|(t, r)| (t.as_str(), r.to_vec())).unwrap_or(("help", Vec::new()));
+    let rest: Vec<String> = rest.into_iter().skip_while(|a| a == "--").collect();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    match task {
+        "demo" => {
+            let plugins = build_plugins(&root)?;
+            cargo(&["build", "--release", "-p", "idem-host"])?;
+            let mut cmd = Command::new(root.join("target/release/idem"));
+            cmd.arg("demo").arg("--plugins").arg(&plugins).args(&rest);
+            run(&mut cmd)
+        }
+        "test" => {
+            let plugins = build_plugins(&root)?;
+            let mut cmd = Command::new("cargo");
+            cmd.args(["test", "--release", "--workspace", "--exclude", "xtask"])
+                .args(plugin_excludes(&root)?)
+                .env("IDEM_PLUGIN_DIR", &plugins)
+                .args(&rest);
+            run(&mut cmd)
+        }
+        "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
+        "lint" => {
+            cargo(&["fmt", "--all", "--check"])?;
+            cargo(&["clippy", "--workspace", "--exclude", "xtask", "--all-targets", "--release", "--", "-D", "warnings"])?;
+            cargo(&["clippy", "-p", "xtask", "--", "-D", "warnings"])?;
+            let mut cmd = Command::new("cargo");
+            cmd.args(["clippy", "--profile", "plugin", "--target", WASM_TARGET, "--target-dir", "target/plugins"]);
+            for p in plugin_crates(&root)? {
+                cmd.args(["-p", &p]);
+            }
+            cmd.args(["--", "-D", "warnings"]);
+            run(&mut cmd)
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | plugins | lint>");
+            if task == "help" {
+                Ok(())
+            } else {
+                bail!("unknown task {task:?}")
+            }
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    run(Command::new("cargo").args(args))
+}
+
+/// Add the wasm target if this toolchain lacks it.
+fn ensure_wasm_target() -> Result<()> {
+    let out = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("rustup is needed to add the wasm32-wasip2 target")?;
+    if String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == WASM_TARGET) {
+        return Ok(());
+    }
+    run(Command::new("rustup").args(["target", "add", WASM_TARGET]))
+}
+
+/// Crate names of the example plugins (every directory under plugins/).
+fn plugin_crates(root: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(root.join("plugins"))? {
+        let path = entry?.path();
+        if path.join("Cargo.toml").exists() {
+            names.push(path.file_name().expect("dir name").to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn plugin_excludes(root: &Path) -> Result<Vec<String>> {
+    Ok(plugin_crates(root)?.into_iter().flat_map(|p| ["--exclude".to_string(), p]).collect())
+}
+
+/// Build every plugin as a component; return the directory holding them.
+fn build_plugins(root: &Path) -> Result<PathBuf> {
+    ensure_wasm_target()?;
+    let mut cmd = Command::new("cargo");
+    cmd.args(["build", "--profile", "plugin", "--target", WASM_TARGET, "--target-dir", "target/plugins"]);
+    for p in plugin_crates(root)? {
+        cmd.args(["-p", &p]);
+    }
+    run(&mut cmd)?;
+    Ok(root.join("target/plugins").join(WASM_TARGET).join("plugin"))
+}

@@ -267,6 +267,14 @@ impl ClaimStore for SqliteClaims {
         Ok(true)
     }
 
+    async fn state(&self, plugin: &str, key: &str) -> Result<Option<String>, ClaimError> {
+        Ok(sqlx::query_scalar("SELECT state FROM claims WHERE plugin = ?1 AND key = ?2")
+            .bind(plugin)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
     async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
         let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state").fetch_all(&self.pool).await?;
         let mut c = ClaimCounts::default();

@@ -221,13 +221,12 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<HostState>,
     plugins: RwLock<HashMap<String, Arc<Plugin>>>,
-    caps: Arc<Capabilities>,
 }
 
 impl Runtime {
     /// Build the engine (pooling allocator, epoch interruption, async) and
     /// the linker holding exactly the allowed world.
-    pub fn new(caps: Arc<Capabilities>, options: RuntimeOptions) -> Result<Runtime> {
+    pub fn new(options: RuntimeOptions) -> Result<Runtime> {
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(options.max_instances)
             .total_core_instances(options.max_instances * 4)
@@ -261,7 +260,7 @@ impl Runtime {
         let mut linker: Linker<HostState> = Linker::new(&engine);
         add_wasi_subset(&mut linker)?;
         Handler::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)?;
-        Ok(Runtime { engine, linker, plugins: RwLock::new(HashMap::new()), caps })
+        Ok(Runtime { engine, linker, plugins: RwLock::new(HashMap::new()) })
     }
 
     /// The engine.
@@ -332,7 +331,7 @@ impl Runtime {
     }
 
     /// Run one message through a plugin in a fresh store.
-    pub async fn execute(&self, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
+    pub async fn execute(&self, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
         let limits = &plugin.limits;
         let stdout = MemoryOutputPipe::new(STDIO_CAPACITY);
         let stderr = MemoryOutputPipe::new(STDIO_CAPACITY);
@@ -354,7 +353,7 @@ impl Runtime {
             wasi,
             table: ResourceTable::new(),
             limiter: MemoryLimiter { max: limits.memory_bytes as usize, hit: false },
-            caps: self.caps.clone(),
+            caps: caps.clone(),
             plugin: plugin.clone(),
             exec: exec.clone(),
             cpu_ticks_left: cpu_ticks,

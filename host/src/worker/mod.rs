@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backend::Backends;
+use crate::capabilities::Capabilities;
 use crate::claim::{ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::{Config, OutagePolicy, RetryConfig};
 use crate::envelope::{derive_key, payload_hash, Delivery};
@@ -91,6 +92,7 @@ struct InFlight {
 pub struct Worker {
     backends: Backends,
     runtime: Arc<Runtime>,
+    caps: Arc<Capabilities>,
     options: WorkerOptions,
     counters: Arc<Counters>,
     in_flight: Mutex<HashMap<u64, InFlight>>,
@@ -99,8 +101,9 @@ pub struct Worker {
 
 impl Worker {
     /// A worker over these backends and loaded plugins.
-    pub fn new(backends: Backends, runtime: Arc<Runtime>, options: WorkerOptions, counters: Arc<Counters>) -> Arc<Self> {
-        Arc::new(Worker { backends, runtime, options, counters, in_flight: Mutex::new(HashMap::new()), next_id: AtomicU64::new(0) })
+    pub fn new(backends: Backends, runtime: Arc<Runtime>, caps: Arc<Capabilities>, options: WorkerOptions) -> Arc<Self> {
+        let counters = caps.counters.clone();
+        Arc::new(Worker { backends, runtime, caps, options, counters, in_flight: Mutex::new(HashMap::new()), next_id: AtomicU64::new(0) })
     }
 
     /// Handlers running now.
@@ -336,7 +339,7 @@ impl Worker {
             claim: a.claim.clone(),
             interrupt,
         };
-        let outcome = self.runtime.execute(&a.plugin, exec).instrument(span.clone()).await;
+        let outcome = self.runtime.execute(&self.caps, &a.plugin, exec).instrument(span.clone()).await;
         self.in_flight.lock().expect("in-flight map poisoned").remove(&id);
         self.settle(d, a, outcome).instrument(span).await;
     }
@@ -464,29 +467,31 @@ impl Worker {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let (claims, receipts, flags): (Vec<ClaimRef>, Vec<String>, Vec<Arc<AtomicBool>>) = {
+            let (ids, claims, receipts): (Vec<u64>, Vec<ClaimRef>, Vec<String>) = {
                 let map = self.in_flight.lock().expect("in-flight map poisoned");
+                let mut ids = Vec::with_capacity(map.len());
                 let mut claims = Vec::with_capacity(map.len());
                 let mut receipts = Vec::with_capacity(map.len());
-                let mut flags = Vec::with_capacity(map.len());
-                for f in map.values() {
+                for (id, f) in map.iter() {
+                    ids.push(*id);
                     claims.push(f.claim.clone());
                     receipts.push(f.receipt.clone());
-                    flags.push(f.interrupt.clone());
                 }
-                (claims, receipts, flags)
+                (ids, claims, receipts)
             };
             if claims.is_empty() {
                 continue;
             }
             match self.backends.claims.extend(&claims, self.options.lease.as_millis() as i64, now_ms()).await {
                 Ok(held) => {
-                    for ((ok, flag), claim) in held.iter().zip(&flags).zip(&claims) {
+                    let map = self.in_flight.lock().expect("in-flight map poisoned");
+                    for ((ok, id), claim) in held.iter().zip(&ids).zip(&claims) {
                         if *ok {
                             Counters::inc(&self.counters.lease_extensions);
-                        } else {
+                        } else if let Some(f) = map.get(id) {
+                            // Still running, yet the lease is gone: taken over.
                             tracing::warn!(plugin = %claim.plugin, key = %claim.key, fence = claim.fence, "lease lost to another worker; interrupting the execution");
-                            flag.store(true, Ordering::Relaxed);
+                            f.interrupt.store(true, Ordering::Relaxed);
                         }
                     }
                 }

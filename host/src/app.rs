@@ -1,0 +1,118 @@
+//! Wiring a configuration into a running pool.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{self, Backends};
+use crate::capabilities::{effects::Endpoints, Capabilities, CrashInjector, Grants};
+use crate::config::Config;
+use crate::runtime::{Runtime, RuntimeOptions};
+use crate::stats::Counters;
+use crate::worker::{Worker, WorkerOptions};
+
+/// A running worker pool.
+pub struct Pool {
+    /// Its backends.
+    pub backends: Backends,
+    /// Its runtime and loaded plugins.
+    pub runtime: Arc<Runtime>,
+    /// The worker.
+    pub worker: Arc<Worker>,
+    /// Its counters.
+    pub counters: Arc<Counters>,
+    /// Cancel to stop fetching; [`Pool::join`] then waits for running handlers.
+    pub shutdown: CancellationToken,
+    task: JoinHandle<Result<()>>,
+}
+
+/// Runtime options that fit a configuration.
+pub fn runtime_options(config: &Config) -> RuntimeOptions {
+    let max_memory = config
+        .plugins
+        .keys()
+        .map(|p| config.limits_for(p).memory_bytes)
+        .chain(std::iter::once(config.limits.memory_bytes))
+        .max()
+        .unwrap_or(config.limits.memory_bytes);
+    RuntimeOptions { max_instances: (config.worker.concurrency as u32 + 8).max(16), max_memory_bytes: max_memory }
+}
+
+/// A runtime for compiling and checking components only.
+pub fn inspection_runtime() -> Result<Arc<Runtime>> {
+    Ok(Arc::new(Runtime::new(RuntimeOptions { max_instances: 8, ..Default::default() })?))
+}
+
+/// Load every configured plugin into `runtime`.
+pub async fn load_plugins(config: &Config, runtime: &Arc<Runtime>) -> Result<()> {
+    for (name, p) in &config.plugins {
+        let grants = Grants::new(p.collections.iter().cloned(), p.endpoints.iter().cloned());
+        let plugin = runtime
+            .load_file(name, &p.path, grants, config.limits_for(name), p.key_pointer.clone())
+            .await?;
+        tracing::info!(plugin = %name, version = %plugin.version, path = %p.path.display(), "plugin loaded");
+    }
+    Ok(())
+}
+
+impl Pool {
+    /// Open the backends, load the plugins and start consuming.
+    pub async fn start(config: &Config, crash_injector: Option<CrashInjector>) -> Result<Pool> {
+        Self::start_with(config, WorkerOptions::from_config(config), crash_injector).await
+    }
+
+    /// [`Pool::start`] with explicit worker options.
+    pub async fn start_with(config: &Config, options: WorkerOptions, crash_injector: Option<CrashInjector>) -> Result<Pool> {
+        let backends = backend::open(config).await?;
+        let runtime = Arc::new(Runtime::new(runtime_options(config))?);
+        load_plugins(config, &runtime).await?;
+        let counters = Arc::new(Counters::default());
+        let caps = Arc::new(Capabilities {
+            data: backends.data.clone(),
+            claims: backends.claims.clone(),
+            effects: Endpoints::new(config.endpoints.clone()).context("effects")?,
+            counters: counters.clone(),
+            crash_injector,
+        });
+        let worker = Worker::new(backends.clone(), runtime.clone(), caps, options);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(worker.clone().run(shutdown.clone()));
+        Ok(Pool { backends, runtime, worker, counters, shutdown, task })
+    }
+
+    /// Wait until the pool has stopped (after `shutdown` is cancelled).
+    pub async fn join(self) -> Result<()> {
+        self.task.await.context("worker task panicked")?
+    }
+
+    /// Stop fetching and wait for running handlers.
+    pub async fn stop(self) -> Result<()> {
+        self.shutdown.cancel();
+        self.join().await
+    }
+}
+
+/// What `idem stats` reports.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Stats {
+    /// Deliveries not yet acked (queued or in flight).
+    pub pending: u64,
+    /// Claims held by a running execution.
+    pub in_flight: u64,
+    /// Claims waiting for a retry.
+    pub retry: u64,
+    /// Messages done.
+    pub done: u64,
+    /// Dead-letter records.
+    pub dead_lettered: u64,
+}
+
+/// Read the counts from the backends.
+pub async fn stats(backends: &Backends) -> Result<Stats> {
+    let pending = backends.broker.pending().await?;
+    let c = backends.claims.counts().await?;
+    Ok(Stats { pending, in_flight: c.running, retry: c.retry, done: c.done, dead_lettered: c.dead_letters })
+}

@@ -1,0 +1,166 @@
+//! A local mock of the payment, inventory and email APIs.
+//!
+//! It behaves like a real idempotent API (Stripe-style): the first request
+//! with an `Idempotency-Key` performs the effect and stores the response;
+//! later requests with the same key get the stored response and perform
+//! nothing. It counts everything, so a run can be checked exactly: requests
+//! per key, and effects performed per business reference.
+//!
+//! Some references are made slow (to outlast the broker's visibility
+//! timeout) or flaky (the first request answers 503), chosen by the caller.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use tokio::sync::Notify;
+
+/// What the mock has seen.
+#[derive(Debug, Default)]
+pub struct MockState {
+    /// Requests received per idempotency key.
+    pub requests: HashMap<String, u32>,
+    /// Requests without an idempotency key.
+    pub unkeyed: u32,
+    /// Stored responses per idempotency key.
+    responses: HashMap<String, String>,
+    /// Effects performed per (api, reference).
+    pub performed: HashMap<(String, String), u32>,
+    /// References whose first request is slow.
+    pub slow: HashSet<String>,
+    /// References whose first requests fail with 503, and how many do.
+    pub flaky: HashMap<String, u32>,
+    /// `api/reference` pairs whose first request is held until
+    /// [`Mock::release`] (for tests).
+    pub held: HashSet<String>,
+    /// When each request for a reference arrived.
+    pub arrivals: HashMap<String, Vec<std::time::Instant>>,
+    seen_refs: HashMap<String, u32>,
+    next_id: u64,
+}
+
+/// A running mock server.
+#[derive(Clone)]
+pub struct Mock {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its counts.
+    pub state: Arc<Mutex<MockState>>,
+    /// How long a slow request takes.
+    pub slow_for: Duration,
+    release: Arc<Notify>,
+    arrived: Arc<Notify>,
+}
+
+impl Mock {
+    /// Start on an ephemeral port of 127.0.0.1.
+    pub async fn start(slow_for: Duration) -> anyhow::Result<Mock> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let mock = Mock {
+            addr,
+            state: Arc::new(Mutex::new(MockState::default())),
+            slow_for,
+            release: Arc::new(Notify::new()),
+            arrived: Arc::new(Notify::new()),
+        };
+        let app = Router::new().route("/{api}", post(handle)).with_state(mock.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(mock)
+    }
+
+    /// The URL of one API.
+    pub fn url(&self, api: &str) -> String {
+        format!("http://{}/{api}", self.addr)
+    }
+
+    /// Let held requests answer.
+    pub fn release(&self) {
+        self.release.notify_waiters();
+    }
+
+    /// Wait until a held request has arrived.
+    pub async fn wait_for_held(&self) {
+        self.arrived.notified().await;
+    }
+
+    /// Total requests received.
+    pub fn total_requests(&self) -> u64 {
+        let s = self.state.lock().expect("mock state poisoned");
+        s.requests.values().map(|&n| n as u64).sum::<u64>() + s.unkeyed as u64
+    }
+
+    /// Effects performed more than once for the same (api, reference).
+    pub fn double_effects(&self) -> u64 {
+        let s = self.state.lock().expect("mock state poisoned");
+        s.performed.values().map(|&n| n.saturating_sub(1) as u64).sum()
+    }
+
+    /// Effects performed for one (api, reference).
+    pub fn performed(&self, api: &str, reference: &str) -> u32 {
+        let s = self.state.lock().expect("mock state poisoned");
+        s.performed.get(&(api.to_string(), reference.to_string())).copied().unwrap_or(0)
+    }
+
+    /// Requests received with one idempotency key.
+    pub fn requests_for(&self, key: &str) -> u32 {
+        self.state.lock().expect("mock state poisoned").requests.get(key).copied().unwrap_or(0)
+    }
+}
+
+async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: HeaderMap, body: String) -> Response {
+    let key = headers.get("Idempotency-Key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let reference = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("reference").and_then(|r| r.as_str()).map(str::to_string))
+        .unwrap_or_default();
+    let (slow, flaky_now, held) = {
+        let mut s = mock.state.lock().expect("mock state poisoned");
+        match &key {
+            Some(k) => *s.requests.entry(k.clone()).or_default() += 1,
+            None => s.unkeyed += 1,
+        }
+        let pair = format!("{api}/{reference}");
+        let seen = {
+            let n = s.seen_refs.entry(pair.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        s.arrivals.entry(reference.clone()).or_default().push(std::time::Instant::now());
+        let failures = s.flaky.get(&reference).copied().unwrap_or(0);
+        (s.slow.contains(&reference) && seen == 1, seen <= failures, s.held.contains(&pair) && seen == 1)
+    };
+    if held {
+        let released = mock.release.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        mock.arrived.notify_one();
+        released.await;
+    }
+    if slow {
+        tokio::time::sleep(mock.slow_for).await;
+    }
+    if flaky_now {
+        return (StatusCode::SERVICE_UNAVAILABLE, "temporarily unavailable, retry").into_response();
+    }
+    let Some(key) = key else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key header required").into_response();
+    };
+    let mut s = mock.state.lock().expect("mock state poisoned");
+    if let Some(stored) = s.responses.get(&key) {
+        return (StatusCode::OK, stored.clone()).into_response();
+    }
+    s.next_id += 1;
+    let response = serde_json::json!({ "id": format!("{api}_{}", s.next_id), "reference": reference }).to_string();
+    s.responses.insert(key, response.clone());
+    *s.performed.entry((api, reference)).or_default() += 1;
+    (StatusCode::OK, response).into_response()
+}
