@@ -189,12 +189,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A transient error: the message is retried with backoff.
 pub fn transient(message: impl fmt::Display) -> Error {
-    Error { kind: ErrorKind::Transient, inner: anyhow::anyhow!("{message}") }
+    Error {
+        kind: ErrorKind::Transient,
+        inner: anyhow::anyhow!("{message}"),
+    }
 }
 
 /// A permanent error: the message is dead-lettered with this reason.
 pub fn permanent(message: impl fmt::Display) -> Error {
-    Error { kind: ErrorKind::Permanent, inner: anyhow::anyhow!("{message}") }
+    Error {
+        kind: ErrorKind::Permanent,
+        inner: anyhow::anyhow!("{message}"),
+    }
 }
 
 /// Mark the error of a `Result` as transient or permanent.
@@ -451,8 +457,11 @@ pub mod __private {
 
 /// Export `f: fn(Message) -> Result<()>` as this component's handler.
 ///
-/// ```ignore
-/// fn handle(msg: idem_sdk::Message) -> idem_sdk::Result<()> { Ok(()) }
+/// ```no_run
+/// fn handle(msg: idem_sdk::Message) -> idem_sdk::Result<()> {
+///     idem_sdk::log::info(format!("got {}", msg.id));
+///     Ok(())
+/// }
 /// idem_sdk::handler!(handle);
 /// ```
 #[macro_export]

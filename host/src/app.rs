@@ -38,12 +38,18 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
         .chain(std::iter::once(config.limits.memory_bytes))
         .max()
         .unwrap_or(config.limits.memory_bytes);
-    RuntimeOptions { max_instances: (config.worker.concurrency as u32 + 8).max(16), max_memory_bytes: max_memory }
+    RuntimeOptions {
+        max_instances: (config.worker.concurrency as u32 + 8).max(16),
+        max_memory_bytes: max_memory,
+    }
 }
 
 /// A runtime for compiling and checking components only.
 pub fn inspection_runtime() -> Result<Arc<Runtime>> {
-    Ok(Arc::new(Runtime::new(RuntimeOptions { max_instances: 8, ..Default::default() })?))
+    Ok(Arc::new(Runtime::new(RuntimeOptions {
+        max_instances: 8,
+        ..Default::default()
+    })?))
 }
 
 /// Load every configured plugin into `runtime`.
@@ -80,7 +86,14 @@ impl Pool {
         let worker = Worker::new(backends.clone(), runtime.clone(), caps, options);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(worker.clone().run(shutdown.clone()));
-        Ok(Pool { backends, runtime, worker, counters, shutdown, task })
+        Ok(Pool {
+            backends,
+            runtime,
+            worker,
+            counters,
+            shutdown,
+            task,
+        })
     }
 
     /// Wait until the pool has stopped (after `shutdown` is cancelled).
@@ -114,5 +127,11 @@ pub struct Stats {
 pub async fn stats(backends: &Backends) -> Result<Stats> {
     let pending = backends.broker.pending().await?;
     let c = backends.claims.counts().await?;
-    Ok(Stats { pending, in_flight: c.running, retry: c.retry, done: c.done, dead_lettered: c.dead_letters })
+    Ok(Stats {
+        pending,
+        in_flight: c.running,
+        retry: c.retry,
+        done: c.done,
+        dead_lettered: c.dead_letters,
+    })
 }

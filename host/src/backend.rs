@@ -37,7 +37,12 @@ pub async fn open_sqlite(config: &Config) -> Result<SqlitePool> {
         .max_connections(config.database.max_connections.max(1))
         .connect_with(options)
         .await
-        .with_context(|| format!("cannot open the SQLite database {} (database.path): check that its directory exists and is writable", path.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot open the SQLite database {} (database.path): check that its directory exists and is writable",
+                path.display()
+            )
+        })?;
     sqlx::migrate!("./migrations/sqlite")
         .run(&pool)
         .await

@@ -56,7 +56,10 @@ pub struct DatabaseConfig {
 
 impl Default for DatabaseConfig {
     fn default() -> Self {
-        DatabaseConfig { path: PathBuf::from("idem.db"), max_connections: 8 }
+        DatabaseConfig {
+            path: PathBuf::from("idem.db"),
+            max_connections: 8,
+        }
     }
 }
 
@@ -147,7 +150,13 @@ pub struct RetryConfig {
 
 impl Default for RetryConfig {
     fn default() -> Self {
-        RetryConfig { max_attempts: 5, max_traps: 2, base_delay_ms: 500, max_delay_ms: 300_000, jitter: 0.5 }
+        RetryConfig {
+            max_attempts: 5,
+            max_traps: 2,
+            base_delay_ms: 500,
+            max_delay_ms: 300_000,
+            jitter: 0.5,
+        }
     }
 }
 
@@ -225,8 +234,7 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}: check the --config path", path.display()))?;
-        let mut config: Config = toml::from_str(&text)
-            .with_context(|| format!("config file {} is not valid", path.display()))?;
+        let mut config: Config = toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         for plugin in config.plugins.values_mut() {
             if plugin.path.is_relative() {

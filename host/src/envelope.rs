@@ -74,14 +74,17 @@ pub fn derive_key(envelope: &Envelope, pointer: Option<&str>) -> Result<String, 
     let Some(pointer) = pointer else {
         return Ok(envelope.id.clone());
     };
-    let value: serde_json::Value = serde_json::from_slice(&envelope.payload).map_err(|e| {
-        format!("the plugin derives its key from {pointer} but the payload is not JSON: {e}")
-    })?;
+    let value: serde_json::Value = serde_json::from_slice(&envelope.payload)
+        .map_err(|e| format!("the plugin derives its key from {pointer} but the payload is not JSON: {e}"))?;
     match value.pointer(pointer) {
         Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
         Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
-        Some(other) => Err(format!("the key at {pointer} must be a non-empty string or a number, found {other}")),
-        None => Err(format!("the payload has no value at {pointer}, which this plugin derives its key from")),
+        Some(other) => Err(format!(
+            "the key at {pointer} must be a non-empty string or a number, found {other}"
+        )),
+        None => Err(format!(
+            "the payload has no value at {pointer}, which this plugin derives its key from"
+        )),
     }
 }
 
@@ -90,7 +93,12 @@ mod tests {
     use super::*;
 
     fn env(payload: &str) -> Envelope {
-        Envelope { id: "m1".into(), handler: "h".into(), headers: vec![], payload: payload.as_bytes().to_vec() }
+        Envelope {
+            id: "m1".into(),
+            handler: "h".into(),
+            headers: vec![],
+            payload: payload.as_bytes().to_vec(),
+        }
     }
 
     #[test]

@@ -198,7 +198,10 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string(&letters)?);
             } else {
                 for d in letters {
-                    println!("{:>6}  {:<16} {:<24} attempts {:<3} {}", d.id, d.plugin, d.key, d.attempts, d.reason);
+                    println!(
+                        "{:>6}  {:<16} {:<24} attempts {:<3} {}",
+                        d.id, d.plugin, d.key, d.attempts, d.reason
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -263,7 +266,11 @@ fn read_jsonl(file: &Path) -> Result<Vec<Envelope>> {
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
             serde_json::from_str(l).with_context(|| {
-                format!("{}:{}: not a message; expected {{\"id\": ..., \"handler\": ..., \"payload\": ...}}", file.display(), i + 1)
+                format!(
+                    "{}:{}: not a message; expected {{\"id\": ..., \"handler\": ..., \"payload\": ...}}",
+                    file.display(),
+                    i + 1
+                )
             })
         })
         .collect()
@@ -274,7 +281,10 @@ async fn plugin_check(file: &Path) -> Result<ExitCode> {
     let runtime = app::inspection_runtime()?;
     let engine = runtime.engine().clone();
     let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| {
-        anyhow::anyhow!("{} is not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2`", file.display())
+        anyhow::anyhow!(
+            "{} is not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2`",
+            file.display()
+        )
     })?;
     let imports = idem_host::runtime::component_imports(&engine, &component);
     println!("{}: {} bytes", file.display(), bytes.len());

@@ -13,9 +13,19 @@ use anyhow::{bail, Context, Result};
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = try_main() {
+        eprintln!("xtask: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn try_main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (task, rest) = args.split_first().map(|(t, r)| (t.as_str(), r.to_vec())).unwrap_or(("help", Vec::new()));
+    let (task, rest) = args
+        .split_first()
+        .map(|(t, r)| (t.as_str(), r.to_vec()))
+        .unwrap_or(("help", Vec::new()));
     let rest: Vec<String> = rest.into_iter().skip_while(|a| a == "--").collect();
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
@@ -39,10 +49,28 @@ fn main() -> Result<()> {
         "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
         "lint" => {
             cargo(&["fmt", "--all", "--check"])?;
-            cargo(&["clippy", "--workspace", "--exclude", "xtask", "--all-targets", "--release", "--", "-D", "warnings"])?;
+            cargo(&[
+                "clippy",
+                "--workspace",
+                "--exclude",
+                "xtask",
+                "--all-targets",
+                "--release",
+                "--",
+                "-D",
+                "warnings",
+            ])?;
             cargo(&["clippy", "-p", "xtask", "--", "-D", "warnings"])?;
             let mut cmd = Command::new("cargo");
-            cmd.args(["clippy", "--profile", "plugin", "--target", WASM_TARGET, "--target-dir", "target/plugins"]);
+            cmd.args([
+                "clippy",
+                "--profile",
+                "plugin",
+                "--target",
+                WASM_TARGET,
+                "--target-dir",
+                "target/plugins",
+            ]);
             for p in plugin_crates(&root)? {
                 cmd.args(["-p", &p]);
             }
@@ -61,7 +89,10 @@ fn main() -> Result<()> {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -103,14 +134,25 @@ fn plugin_crates(root: &Path) -> Result<Vec<String>> {
 }
 
 fn plugin_excludes(root: &Path) -> Result<Vec<String>> {
-    Ok(plugin_crates(root)?.into_iter().flat_map(|p| ["--exclude".to_string(), p]).collect())
+    Ok(plugin_crates(root)?
+        .into_iter()
+        .flat_map(|p| ["--exclude".to_string(), p])
+        .collect())
 }
 
 /// Build every plugin as a component; return the directory holding them.
 fn build_plugins(root: &Path) -> Result<PathBuf> {
     ensure_wasm_target()?;
     let mut cmd = Command::new("cargo");
-    cmd.args(["build", "--profile", "plugin", "--target", WASM_TARGET, "--target-dir", "target/plugins"]);
+    cmd.args([
+        "build",
+        "--profile",
+        "plugin",
+        "--target",
+        WASM_TARGET,
+        "--target-dir",
+        "target/plugins",
+    ]);
     for p in plugin_crates(root)? {
         cmd.args(["-p", &p]);
     }

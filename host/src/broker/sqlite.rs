@@ -25,7 +25,9 @@ fn parse_receipt(receipt: &str) -> Result<(i64, &str), BrokerError> {
     let (id, token) = receipt
         .split_once(':')
         .ok_or_else(|| BrokerError::Unavailable(format!("malformed receipt {receipt:?}")))?;
-    let id = id.parse().map_err(|_| BrokerError::Unavailable(format!("malformed receipt {receipt:?}")))?;
+    let id = id
+        .parse()
+        .map_err(|_| BrokerError::Unavailable(format!("malformed receipt {receipt:?}")))?;
     Ok((id, token))
 }
 
@@ -86,7 +88,10 @@ impl Broker for SqliteBroker {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         for r in receipts {
             let (id, _) = parse_receipt(r)?;
-            sqlx::query(include_str!("../../queries/sqlite/queue_ack.sql")).bind(id).execute(&mut *tx).await?;
+            sqlx::query(include_str!("../../queries/sqlite/queue_ack.sql"))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())

@@ -39,7 +39,12 @@ impl Endpoints {
 }
 
 /// The host side of `effects.call`.
-pub(crate) async fn call(state: &mut HostState, endpoint: String, step: String, request: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
+pub(crate) async fn call(
+    state: &mut HostState,
+    endpoint: String,
+    step: String,
+    request: Vec<u8>,
+) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
     let plugin = state.plugin.clone();
     if !plugin.grants.endpoints.contains(&endpoint) {
         return Ok(Err(CallError::AccessDenied(format!(
@@ -48,7 +53,10 @@ pub(crate) async fn call(state: &mut HostState, endpoint: String, step: String, 
         ))));
     }
     if step.is_empty() || step.len() > 128 {
-        return Ok(Err(CallError::Permanent(format!("step name must be 1 to 128 bytes, got {} bytes", step.len()))));
+        return Ok(Err(CallError::Permanent(format!(
+            "step name must be 1 to 128 bytes, got {} bytes",
+            step.len()
+        ))));
     }
     if request.len() > plugin.limits.max_value_bytes {
         return Ok(Err(CallError::Permanent(format!(
@@ -72,7 +80,9 @@ pub(crate) async fn call(state: &mut HostState, endpoint: String, step: String, 
     }
 
     let Some(config) = caps.effects.get(&endpoint) else {
-        return Ok(Err(CallError::AccessDenied(format!("endpoint {endpoint:?} is not configured; add [endpoints.{endpoint}] with its url"))));
+        return Ok(Err(CallError::AccessDenied(format!(
+            "endpoint {endpoint:?} is not configured; add [endpoints.{endpoint}] with its url"
+        ))));
     };
     let idem_key = idempotency_key(&plugin.name, &key, &step);
     Counters::inc(&caps.counters.external_calls);
@@ -102,7 +112,11 @@ pub(crate) async fn call(state: &mut HostState, endpoint: String, step: String, 
         let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
         let retryable = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 || status.as_u16() == 409;
         let message = format!("{endpoint} answered {status}: {text}");
-        return Ok(Err(if retryable { CallError::Transient(message) } else { CallError::Permanent(message) }));
+        return Ok(Err(if retryable {
+            CallError::Transient(message)
+        } else {
+            CallError::Permanent(message)
+        }));
     }
     if body.len() > plugin.limits.max_value_bytes {
         return Ok(Err(CallError::Permanent(format!(
@@ -119,7 +133,11 @@ pub(crate) async fn call(state: &mut HostState, endpoint: String, step: String, 
         Some(c) => c.clone(),
         None => return Ok(Ok(body.to_vec())),
     };
-    match caps.claims.journal_put(&claim, &step, &request_hash, &body, &plugin.version, crate::now_ms()).await {
+    match caps
+        .claims
+        .journal_put(&claim, &step, &request_hash, &body, &plugin.version, crate::now_ms())
+        .await
+    {
         Ok(true) => {}
         Ok(false) => {
             Counters::inc(&caps.counters.fence_rejections);
@@ -127,7 +145,11 @@ pub(crate) async fn call(state: &mut HostState, endpoint: String, step: String, 
             state.abort = Some(HostAbort::FenceLost);
             return Err(HostAbort::FenceLost.into());
         }
-        Err(e) => return Ok(Err(CallError::Transient(format!("journal unavailable after {endpoint} answered: {e}")))),
+        Err(e) => {
+            return Ok(Err(CallError::Transient(format!(
+                "journal unavailable after {endpoint} answered: {e}"
+            ))))
+        }
     }
     if let Some(inject) = &caps.crash_injector {
         if inject(&plugin.name, &key, state.exec.attempt, &step) {

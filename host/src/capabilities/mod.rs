@@ -108,7 +108,12 @@ impl HostState {
 impl wit_types::Host for HostState {}
 
 impl wit_store::Host for HostState {
-    async fn insert_unique(&mut self, collection: String, key: String, value: Vec<u8>) -> wasmtime::Result<Result<wit_store::Inserted, wit_store::StoreError>> {
+    async fn insert_unique(
+        &mut self,
+        collection: String,
+        key: String,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<wit_store::Inserted, wit_store::StoreError>> {
         if let Some(m) = self.collection_denied(&collection) {
             return Ok(Err(wit_store::StoreError::AccessDenied(m)));
         }
@@ -161,7 +166,12 @@ impl wit_store::Host for HostState {
 }
 
 impl wit_effects::Host for HostState {
-    async fn call(&mut self, endpoint: String, step: String, request: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, wit_effects::CallError>> {
+    async fn call(
+        &mut self,
+        endpoint: String,
+        step: String,
+        request: Vec<u8>,
+    ) -> wasmtime::Result<Result<Vec<u8>, wit_effects::CallError>> {
         effects::call(self, endpoint, step, request).await
     }
 }

@@ -177,7 +177,15 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<Vec<u8>>, ClaimError>;
     /// Journal a step's response; `false` if the fence is stale (nothing
     /// written). A response already journaled for the step is kept.
-    async fn journal_put(&self, claim: &ClaimRef, step: &str, request_hash: &str, response: &[u8], plugin_version: &str, now: i64) -> Result<bool, ClaimError>;
+    async fn journal_put(
+        &self,
+        claim: &ClaimRef,
+        step: &str,
+        request_hash: &str,
+        response: &[u8],
+        plugin_version: &str,
+        now: i64,
+    ) -> Result<bool, ClaimError>;
     /// The state of one claim (`running`, `retry`, `done`, `dead`), if any.
     async fn state(&self, plugin: &str, key: &str) -> Result<Option<String>, ClaimError>;
     /// Counts by state.

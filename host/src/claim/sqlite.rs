@@ -85,7 +85,11 @@ impl ClaimStore for SqliteClaims {
                     .bind(now)
                     .execute(&mut *tx)
                     .await?;
-                out.push(ClaimOutcome::Acquired { fence: 1, attempt: 1, traps: 0 });
+                out.push(ClaimOutcome::Acquired {
+                    fence: 1,
+                    attempt: 1,
+                    traps: 0,
+                });
                 continue;
             };
             let hash: String = row.try_get("payload_hash")?;
@@ -104,20 +108,39 @@ impl ClaimStore for SqliteClaims {
                     &hash[..12.min(hash.len())],
                     &r.payload_hash[..12.min(r.payload_hash.len())]
                 );
-                insert_dead_letter(&mut tx, r.plugin, r.key, r.msg_id, r.headers, r.payload, &reason, 0, Some(r.plugin_version), now, now).await?;
+                insert_dead_letter(
+                    &mut tx,
+                    r.plugin,
+                    r.key,
+                    r.msg_id,
+                    r.headers,
+                    r.payload,
+                    &reason,
+                    0,
+                    Some(r.plugin_version),
+                    now,
+                    now,
+                )
+                .await?;
                 out.push(ClaimOutcome::Conflict);
                 continue;
             }
             let outcome = match state.as_str() {
                 "done" => ClaimOutcome::Done,
                 "dead" => ClaimOutcome::DeadLettered,
-                "running" if lease_until > now => ClaimOutcome::Busy { retry_after_ms: lease_until - now },
-                "retry" if not_before > now => ClaimOutcome::Busy { retry_after_ms: not_before - now },
+                "running" if lease_until > now => ClaimOutcome::Busy {
+                    retry_after_ms: lease_until - now,
+                },
+                "retry" if not_before > now => ClaimOutcome::Busy {
+                    retry_after_ms: not_before - now,
+                },
                 _ if attempts >= r.max_attempts as i64 => {
                     let reason = format!(
                         "attempts exhausted: {attempts} of {} made; last error: {}",
                         r.max_attempts,
-                        last_error.as_deref().unwrap_or("the worker running it stopped (crash or kill) before settling")
+                        last_error
+                            .as_deref()
+                            .unwrap_or("the worker running it stopped (crash or kill) before settling")
                     );
                     sqlx::query(include_str!("../../queries/sqlite/claim_mark_dead.sql"))
                         .bind(r.plugin)
@@ -127,7 +150,20 @@ impl ClaimStore for SqliteClaims {
                         .bind(now)
                         .execute(&mut *tx)
                         .await?;
-                    insert_dead_letter(&mut tx, r.plugin, r.key, r.msg_id, r.headers, r.payload, &reason, attempts, Some(r.plugin_version), created_at, now).await?;
+                    insert_dead_letter(
+                        &mut tx,
+                        r.plugin,
+                        r.key,
+                        r.msg_id,
+                        r.headers,
+                        r.payload,
+                        &reason,
+                        attempts,
+                        Some(r.plugin_version),
+                        created_at,
+                        now,
+                    )
+                    .await?;
                     ClaimOutcome::Exhausted { attempts: attempts as u32 }
                 }
                 _ => {
@@ -231,7 +267,20 @@ impl ClaimStore for SqliteClaims {
                 }
                 None => (0, now, d.plugin_version.map(str::to_string)),
             };
-            insert_dead_letter(&mut tx, d.plugin, d.key, d.msg_id, d.headers, d.payload, d.reason, attempts, version.as_deref(), first_seen, now).await?;
+            insert_dead_letter(
+                &mut tx,
+                d.plugin,
+                d.key,
+                d.msg_id,
+                d.headers,
+                d.payload,
+                d.reason,
+                attempts,
+                version.as_deref(),
+                first_seen,
+                now,
+            )
+            .await?;
             out.push(true);
         }
         tx.commit().await?;
@@ -247,7 +296,15 @@ impl ClaimStore for SqliteClaims {
             .await?)
     }
 
-    async fn journal_put(&self, claim: &ClaimRef, step: &str, request_hash: &str, response: &[u8], plugin_version: &str, now: i64) -> Result<bool, ClaimError> {
+    async fn journal_put(
+        &self,
+        claim: &ClaimRef,
+        step: &str,
+        request_hash: &str,
+        response: &[u8],
+        plugin_version: &str,
+        now: i64,
+    ) -> Result<bool, ClaimError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         if !fence_holds(&mut tx, claim).await? {
             return Ok(false);
@@ -276,7 +333,9 @@ impl ClaimStore for SqliteClaims {
     }
 
     async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
-        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state")
+            .fetch_all(&self.pool)
+            .await?;
         let mut c = ClaimCounts::default();
         for row in rows {
             let n = row.try_get::<i64, _>("n")? as u64;
@@ -288,7 +347,9 @@ impl ClaimStore for SqliteClaims {
                 _ => {}
             }
         }
-        c.dead_letters = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters").fetch_one(&self.pool).await? as u64;
+        c.dead_letters = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters")
+            .fetch_one(&self.pool)
+            .await? as u64;
         Ok(c)
     }
 

@@ -112,7 +112,13 @@ impl Mock {
 
     /// Requests received with one idempotency key.
     pub fn requests_for(&self, key: &str) -> u32 {
-        self.state.lock().expect("mock state poisoned").requests.get(key).copied().unwrap_or(0)
+        self.state
+            .lock()
+            .expect("mock state poisoned")
+            .requests
+            .get(key)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -136,7 +142,11 @@ async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: Head
         };
         s.arrivals.entry(reference.clone()).or_default().push(std::time::Instant::now());
         let failures = s.flaky.get(&reference).copied().unwrap_or(0);
-        (s.slow.contains(&reference) && seen == 1, seen <= failures, s.held.contains(&pair) && seen == 1)
+        (
+            s.slow.contains(&reference) && seen == 1,
+            seen <= failures,
+            s.held.contains(&pair) && seen == 1,
+        )
     };
     if held {
         let released = mock.release.notified();

@@ -127,7 +127,10 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
         key_pointer: key.map(str::to_string),
         limits: None,
     };
-    let endpoint = |api: &str| EndpointConfig { url: mock.url(api), timeout_ms: 5_000 };
+    let endpoint = |api: &str| EndpointConfig {
+        url: mock.url(api),
+        timeout_ms: 5_000,
+    };
     let mut config = Config::default();
     config.database.path = db;
     config.worker = WorkerConfig {
@@ -140,18 +143,37 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
         poll_idle_ms: 20,
         outage_policy: OutagePolicy::Reject,
     };
-    config.retry = RetryConfig { max_attempts: 5, max_traps: 2, base_delay_ms: 50, max_delay_ms: 1_000, jitter: 0.5 };
+    config.retry = RetryConfig {
+        max_attempts: 5,
+        max_traps: 2,
+        base_delay_ms: 50,
+        max_delay_ms: 1_000,
+        jitter: 0.5,
+    };
     config.endpoints = BTreeMap::from([
         ("payments-api".to_string(), endpoint("payments")),
         ("inventory-api".to_string(), endpoint("inventory")),
         ("email-api".to_string(), endpoint("email")),
     ]);
     config.plugins = BTreeMap::from([
-        ("record-payment".to_string(), plugin("record_payment.wasm", &["payments", "receipts"], &["payments-api"], Some("/payment_id"))),
+        (
+            "record-payment".to_string(),
+            plugin(
+                "record_payment.wasm",
+                &["payments", "receipts"],
+                &["payments-api"],
+                Some("/payment_id"),
+            ),
+        ),
         ("grant-credits".to_string(), plugin("grant_credits.wasm", &["credits"], &[], None)),
         (
             "fulfil-order".to_string(),
-            plugin("fulfil_order.wasm", &["orders"], &["payments-api", "inventory-api", "email-api"], Some("/order_id")),
+            plugin(
+                "fulfil_order.wasm",
+                &["orders"],
+                &["payments-api", "inventory-api", "email-api"],
+                Some("/order_id"),
+            ),
         ),
         ("poison".to_string(), plugin("poison.wasm", &[], &[], None)),
     ]);
@@ -206,13 +228,19 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
     for file in ["record_payment.wasm", "grant_credits.wasm", "fulfil_order.wasm", "poison.wasm"] {
         let path = args.plugins.join(file);
         if !path.exists() {
-            bail!("plugin {} not found: build the plugins with `cargo xtask demo` (or pass --plugins DIR)", path.display());
+            bail!(
+                "plugin {} not found: build the plugins with `cargo xtask demo` (or pass --plugins DIR)",
+                path.display()
+            );
         }
     }
     let tmp = tempfile::tempdir().context("cannot create a temporary directory for the demo database")?;
     let db = args.db.clone().unwrap_or_else(|| tmp.path().join("demo.db"));
     if db.exists() {
-        bail!("{} already exists: the demo needs a fresh database; remove it or choose another --db", db.display());
+        bail!(
+            "{} already exists: the demo needs a fresh database; remove it or choose another --db",
+            db.display()
+        );
     }
     let mock = Mock::start(Duration::from_millis(700)).await?;
     let config = demo_config(db, &args.plugins, &mock, args.concurrency);
@@ -274,7 +302,10 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
             break;
         }
         if Instant::now() > deadline {
-            bail!("the queue did not drain within {} s ({pending} deliveries pending)", args.timeout_secs);
+            bail!(
+                "the queue did not drain within {} s ({pending} deliveries pending)",
+                args.timeout_secs
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -293,12 +324,21 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
         .scan("orders")
         .await?
         .into_iter()
-        .filter(|(_, v)| serde_json::from_slice::<serde_json::Value>(v).ok().and_then(|v| v.get("status").cloned()) == Some("fulfilled".into()))
+        .filter(|(_, v)| {
+            serde_json::from_slice::<serde_json::Value>(v)
+                .ok()
+                .and_then(|v| v.get("status").cloned())
+                == Some("fulfilled".into())
+        })
         .map(|(k, _)| k)
         .collect();
     let letters = backends.claims.dead_letters(i64::MAX).await?;
     let dead: HashSet<(String, String)> = letters.iter().map(|d| (d.plugin.clone(), d.key.clone())).collect();
-    let mut report = DemoReport { messages: args.messages as u64, published, ..Default::default() };
+    let mut report = DemoReport {
+        messages: args.messages as u64,
+        published,
+        ..Default::default()
+    };
     for p in &planned {
         let (plugin, key) = (p.envelope.handler.as_str(), p.reference.as_str());
         let claim_key = match p.kind {
@@ -306,7 +346,8 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
             _ => key,
         };
         let state = backends.claims.state(plugin, claim_key).await?;
-        let settled = state.as_deref() == Some("done") || (state.as_deref() == Some("dead") && dead.contains(&(plugin.to_string(), claim_key.to_string())));
+        let settled = state.as_deref() == Some("done")
+            || (state.as_deref() == Some("dead") && dead.contains(&(plugin.to_string(), claim_key.to_string())));
         if !settled {
             report.lost += 1;
         }
@@ -335,7 +376,14 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
     report.journal_replays = c.journal_replays;
     report.dead_lettered = c.dead_lettered;
     report.external_calls = mock.total_requests();
-    report.external_effects = mock.state.lock().expect("mock state poisoned").performed.values().map(|&n| n as u64).sum();
+    report.external_effects = mock
+        .state
+        .lock()
+        .expect("mock state poisoned")
+        .performed
+        .values()
+        .map(|&n| n as u64)
+        .sum();
     report.double_effects = mock.double_effects();
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
@@ -368,8 +416,16 @@ fn print_table(r: &DemoReport) {
         ("published", r.published, "publishes, duplicates included"),
         ("deliveries", r.deliveries, "deliveries by the broker, redeliveries included"),
         ("executions", r.executions, "handler runs (retries and crashed runs included)"),
-        ("duplicates suppressed", r.duplicates_suppressed, "deliveries of settled messages, acked without running"),
-        ("busy redeliveries", r.busy_redeliveries, "deliveries of messages still running elsewhere"),
+        (
+            "duplicates suppressed",
+            r.duplicates_suppressed,
+            "deliveries of settled messages, acked without running",
+        ),
+        (
+            "busy redeliveries",
+            r.busy_redeliveries,
+            "deliveries of messages still running elsewhere",
+        ),
         ("retries", r.retries, "transient failures and traps retried with backoff"),
         ("simulated crashes", r.crashes, "runs that died right after a journaled charge"),
         ("journal replays", r.journal_replays, "external results replayed instead of re-sent"),
@@ -388,7 +444,11 @@ fn print_table(r: &DemoReport) {
     println!("{t}");
     println!(
         "{} in {:.1} s",
-        if r.ok() { "OK: every message settled once, no effect doubled" } else { "FAILED: see the counts above" },
+        if r.ok() {
+            "OK: every message settled once, no effect doubled"
+        } else {
+            "FAILED: see the counts above"
+        },
         r.elapsed_ms as f64 / 1000.0
     );
 }

@@ -61,7 +61,12 @@ const ALLOWED_WASI: &[&str] = &[
 ];
 
 /// Idem's own interfaces.
-const ALLOWED_IDEM: &[&str] = &["idem:handler/types", "idem:handler/store", "idem:handler/effects", "idem:handler/log"];
+const ALLOWED_IDEM: &[&str] = &[
+    "idem:handler/types",
+    "idem:handler/store",
+    "idem:handler/effects",
+    "idem:handler/log",
+];
 
 /// Is this import (e.g. `wasi:sockets/tcp@0.2.6`) one Idem provides?
 pub fn import_allowed(name: &str) -> bool {
@@ -100,7 +105,10 @@ pub struct Plugin {
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin").field("name", &self.name).field("version", &self.version).finish()
+        f.debug_struct("Plugin")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .finish()
     }
 }
 
@@ -157,7 +165,10 @@ pub struct HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -212,7 +223,10 @@ pub struct RuntimeOptions {
 
 impl Default for RuntimeOptions {
     fn default() -> Self {
-        RuntimeOptions { max_instances: 256, max_memory_bytes: Limits::default().memory_bytes }
+        RuntimeOptions {
+            max_instances: 256,
+            max_memory_bytes: Limits::default().memory_bytes,
+        }
     }
 }
 
@@ -260,7 +274,11 @@ impl Runtime {
         let mut linker: Linker<HostState> = Linker::new(&engine);
         add_wasi_subset(&mut linker)?;
         Handler::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)?;
-        Ok(Runtime { engine, linker, plugins: RwLock::new(HashMap::new()) })
+        Ok(Runtime {
+            engine,
+            linker,
+            plugins: RwLock::new(HashMap::new()),
+        })
     }
 
     /// The engine.
@@ -270,7 +288,14 @@ impl Runtime {
 
     /// Compile, check and pre-link a component. Compilation runs on a
     /// blocking thread, off the hot path.
-    pub async fn compile(self: &Arc<Self>, name: &str, bytes: Vec<u8>, grants: Grants, limits: Limits, key_pointer: Option<String>) -> Result<Arc<Plugin>> {
+    pub async fn compile(
+        self: &Arc<Self>,
+        name: &str,
+        bytes: Vec<u8>,
+        grants: Grants,
+        limits: Limits,
+        key_pointer: Option<String>,
+    ) -> Result<Arc<Plugin>> {
         let this = self.clone();
         let name = name.to_string();
         tokio::task::spawn_blocking(move || this.compile_blocking(&name, &bytes, grants, limits, key_pointer))
@@ -279,7 +304,14 @@ impl Runtime {
     }
 
     /// [`compile`](Self::compile) on the current thread.
-    pub fn compile_blocking(&self, name: &str, bytes: &[u8], grants: Grants, limits: Limits, key_pointer: Option<String>) -> Result<Arc<Plugin>> {
+    pub fn compile_blocking(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        grants: Grants,
+        limits: Limits,
+        key_pointer: Option<String>,
+    ) -> Result<Arc<Plugin>> {
         let version = hex::encode(&Sha256::digest(bytes)[..6]);
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2` against idem-sdk")
@@ -297,25 +329,52 @@ impl Runtime {
             anyhow!("plugin {name} does not export the idem:handler world's `handle` function ({e:#}); export it with idem_sdk::handler!")
         })?;
         if limits.memory_bytes < (2 << 20) {
-            bail!("plugin {name}: limits.memory_bytes = {} is below the 2 MiB a Rust component needs to start", limits.memory_bytes);
+            bail!(
+                "plugin {name}: limits.memory_bytes = {} is below the 2 MiB a Rust component needs to start",
+                limits.memory_bytes
+            );
         }
-        Ok(Arc::new(Plugin { name: name.to_string(), version, grants, limits, key_pointer, imports, pre }))
+        Ok(Arc::new(Plugin {
+            name: name.to_string(),
+            version,
+            grants,
+            limits,
+            key_pointer,
+            imports,
+            pre,
+        }))
     }
 
     /// Load a plugin file and make it available under `name`, replacing any
     /// previous version (executions in flight keep the version they have).
-    pub async fn load_file(self: &Arc<Self>, name: &str, path: &Path, grants: Grants, limits: Limits, key_pointer: Option<String>) -> Result<Arc<Plugin>> {
-        let bytes = tokio::fs::read(path)
-            .await
-            .with_context(|| format!("plugin {name}: cannot read {} (plugins.{name}.path); build the plugins first", path.display()))?;
+    pub async fn load_file(
+        self: &Arc<Self>,
+        name: &str,
+        path: &Path,
+        grants: Grants,
+        limits: Limits,
+        key_pointer: Option<String>,
+    ) -> Result<Arc<Plugin>> {
+        let bytes = tokio::fs::read(path).await.with_context(|| {
+            format!(
+                "plugin {name}: cannot read {} (plugins.{name}.path); build the plugins first",
+                path.display()
+            )
+        })?;
         let plugin = self.compile(name, bytes, grants, limits, key_pointer).await?;
-        self.plugins.write().expect("plugin map poisoned").insert(name.to_string(), plugin.clone());
+        self.plugins
+            .write()
+            .expect("plugin map poisoned")
+            .insert(name.to_string(), plugin.clone());
         Ok(plugin)
     }
 
     /// Make an already compiled plugin available.
     pub fn install(&self, plugin: Arc<Plugin>) {
-        self.plugins.write().expect("plugin map poisoned").insert(plugin.name.clone(), plugin);
+        self.plugins
+            .write()
+            .expect("plugin map poisoned")
+            .insert(plugin.name.clone(), plugin);
     }
 
     /// The plugin serving `name`, if loaded.
@@ -352,7 +411,10 @@ impl Runtime {
         let state = HostState {
             wasi,
             table: ResourceTable::new(),
-            limiter: MemoryLimiter { max: limits.memory_bytes as usize, hit: false },
+            limiter: MemoryLimiter {
+                max: limits.memory_bytes as usize,
+                hit: false,
+            },
             caps: caps.clone(),
             plugin: plugin.clone(),
             exec: exec.clone(),
@@ -405,7 +467,10 @@ impl Runtime {
 
 /// Turn a wasmtime error into an outcome with a reason an operator can act on.
 fn classify_trap(err: wasmtime::Error, state: &HostState, stderr: &MemoryOutputPipe) -> Outcome {
-    let abort = state.abort.clone().or_else(|| err.chain().find_map(|c| c.downcast_ref::<HostAbort>().cloned()));
+    let abort = state
+        .abort
+        .clone()
+        .or_else(|| err.chain().find_map(|c| c.downcast_ref::<HostAbort>().cloned()));
     match abort {
         Some(HostAbort::FenceLost) => return Outcome::FenceLost,
         Some(HostAbort::SimulatedCrash) => return Outcome::Crashed,
@@ -414,11 +479,17 @@ fn classify_trap(err: wasmtime::Error, state: &HostState, stderr: &MemoryOutputP
     }
     let limits = &state.plugin.limits;
     let mut reason = if state.limiter.hit {
-        format!("memory limit: the instance tried to grow past limits.memory_bytes = {}", limits.memory_bytes)
+        format!(
+            "memory limit: the instance tried to grow past limits.memory_bytes = {}",
+            limits.memory_bytes
+        )
     } else if let Some(trap) = err.downcast_ref::<wasmtime::Trap>() {
         match trap {
             wasmtime::Trap::StackOverflow => "stack overflow (unbounded recursion?)".to_string(),
             wasmtime::Trap::UnreachableCodeReached => "the handler panicked or aborted".to_string(),
+            wasmtime::Trap::MemoryOutOfBounds => {
+                "out-of-bounds memory access (in Rust guests usually a shadow-stack overflow from unbounded recursion)".to_string()
+            }
             other => format!("trap: {other}"),
         }
     } else if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
@@ -437,7 +508,11 @@ fn classify_trap(err: wasmtime::Error, state: &HostState, stderr: &MemoryOutputP
 
 /// Every import of a component, as `package/interface@version` names.
 pub fn component_imports(engine: &Engine, component: &Component) -> Vec<String> {
-    component.component_type().imports(engine).map(|(name, _)| name.to_string()).collect()
+    component
+        .component_type()
+        .imports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect()
 }
 
 /// `wasi:io` resources live in the store's resource table.

@@ -25,7 +25,11 @@ impl SqliteData {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         if let Some(c) = claim {
             if !fence_holds(&mut tx, c).await? {
-                return Err(DataError::FenceLost { plugin: c.plugin.clone(), key: c.key.clone(), fence: c.fence });
+                return Err(DataError::FenceLost {
+                    plugin: c.plugin.clone(),
+                    key: c.key.clone(),
+                    fence: c.fence,
+                });
             }
         }
         Ok(tx)

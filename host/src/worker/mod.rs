@@ -103,7 +103,15 @@ impl Worker {
     /// A worker over these backends and loaded plugins.
     pub fn new(backends: Backends, runtime: Arc<Runtime>, caps: Arc<Capabilities>, options: WorkerOptions) -> Arc<Self> {
         let counters = caps.counters.clone();
-        Arc::new(Worker { backends, runtime, caps, options, counters, in_flight: Mutex::new(HashMap::new()), next_id: AtomicU64::new(0) })
+        Arc::new(Worker {
+            backends,
+            runtime,
+            caps,
+            options,
+            counters,
+            in_flight: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        })
     }
 
     /// Handlers running now.
@@ -245,8 +253,21 @@ impl Worker {
         for ((d, plugin, key, _), outcome) in to_claim.into_iter().zip(outcomes) {
             match outcome {
                 ClaimOutcome::Acquired { fence, attempt, traps } => {
-                    let claim = ClaimRef { plugin: plugin.name.clone(), key: key.clone(), fence };
-                    run.push((d, Admitted { plugin, key, claim: Some(claim), attempt, traps }));
+                    let claim = ClaimRef {
+                        plugin: plugin.name.clone(),
+                        key: key.clone(),
+                        fence,
+                    };
+                    run.push((
+                        d,
+                        Admitted {
+                            plugin,
+                            key,
+                            claim: Some(claim),
+                            attempt,
+                            traps,
+                        },
+                    ));
                 }
                 ClaimOutcome::Done | ClaimOutcome::DeadLettered => {
                     Counters::inc(&c.duplicates);
@@ -277,7 +298,11 @@ impl Worker {
     }
 
     /// G8: the claim store is unreachable.
-    async fn claim_outage(&self, batch: Vec<(Delivery, Arc<Plugin>, String, String)>, error: crate::claim::ClaimError) -> Vec<(Delivery, Admitted)> {
+    async fn claim_outage(
+        &self,
+        batch: Vec<(Delivery, Arc<Plugin>, String, String)>,
+        error: crate::claim::ClaimError,
+    ) -> Vec<(Delivery, Admitted)> {
         Counters::inc(&self.counters.outage_decisions);
         let mut run = Vec::new();
         for (d, plugin, key, _) in batch {
@@ -285,7 +310,16 @@ impl Worker {
             if unguarded {
                 tracing::warn!(error = %error, msg_id = %d.envelope.id, "claim store unreachable: running unguarded (outage_policy = run-unguarded)");
                 let attempt = d.delivery_count.max(1);
-                run.push((d, Admitted { plugin, key, claim: None, attempt, traps: 0 }));
+                run.push((
+                    d,
+                    Admitted {
+                        plugin,
+                        key,
+                        claim: None,
+                        attempt,
+                        traps: 0,
+                    },
+                ));
             } else {
                 tracing::warn!(error = %error, msg_id = %d.envelope.id, "claim store unreachable: leaving the delivery unacked (outage_policy = reject)");
                 self.nack(&d.receipt, self.options.busy_retry).await;
@@ -324,10 +358,14 @@ impl Worker {
         let interrupt = Arc::new(AtomicBool::new(false));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Some(claim) = &a.claim {
-            self.in_flight
-                .lock()
-                .expect("in-flight map poisoned")
-                .insert(id, InFlight { claim: claim.clone(), receipt: d.receipt.clone(), interrupt: interrupt.clone() });
+            self.in_flight.lock().expect("in-flight map poisoned").insert(
+                id,
+                InFlight {
+                    claim: claim.clone(),
+                    receipt: d.receipt.clone(),
+                    interrupt: interrupt.clone(),
+                },
+            );
         }
         let span = tracing::info_span!("message", plugin = %a.plugin.name, key = %a.key, attempt = a.attempt, fence = a.claim.as_ref().map(|c| c.fence));
         let exec = Execution {
@@ -404,7 +442,12 @@ impl Worker {
         }
         let delay = retry::backoff(policy, a.attempt, rand::random::<f64>());
         let now = now_ms();
-        match self.backends.claims.release(claim, now + delay.as_millis() as i64, reason, trapped, now).await {
+        match self
+            .backends
+            .claims
+            .release(claim, now + delay.as_millis() as i64, reason, trapped, now)
+            .await
+        {
             Ok(true) => {
                 Counters::inc(&self.counters.retries);
                 tracing::info!(?delay, %reason, "retrying later");
@@ -482,7 +525,12 @@ impl Worker {
             if claims.is_empty() {
                 continue;
             }
-            match self.backends.claims.extend(&claims, self.options.lease.as_millis() as i64, now_ms()).await {
+            match self
+                .backends
+                .claims
+                .extend(&claims, self.options.lease.as_millis() as i64, now_ms())
+                .await
+            {
                 Ok(held) => {
                     let map = self.in_flight.lock().expect("in-flight map poisoned");
                     for ((ok, id), claim) in held.iter().zip(&ids).zip(&claims) {

@@ -23,7 +23,13 @@ mod tests {
     use super::*;
 
     fn policy() -> RetryConfig {
-        RetryConfig { max_attempts: 10, max_traps: 2, base_delay_ms: 100, max_delay_ms: 1_000, jitter: 0.5 }
+        RetryConfig {
+            max_attempts: 10,
+            max_traps: 2,
+            base_delay_ms: 100,
+            max_delay_ms: 1_000,
+            jitter: 0.5,
+        }
     }
 
     #[test]

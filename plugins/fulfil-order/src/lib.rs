@@ -46,7 +46,12 @@ fn handle(msg: Message) -> Result<()> {
     )?;
     store::collection("orders").upsert(
         &order.order_id,
-        &Fulfilment { status: "fulfilled".into(), charge, reservation, email },
+        &Fulfilment {
+            status: "fulfilled".into(),
+            charge,
+            reservation,
+            email,
+        },
     )?;
     Ok(())
 }

@@ -1,0 +1,112 @@
+//! Bad input ends in the dead-letter store with a reason; nothing crashes,
+//! nothing is lost.
+
+use std::time::Duration;
+
+use idem_host::envelope::Envelope;
+use serde_json::json;
+
+use crate::common::*;
+
+async fn dead_letter_reason(env: &Env, e: Envelope) -> String {
+    let pool = env.start().await;
+    pool.backends.broker.publish(&[e.clone()], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    pool.stop().await.unwrap();
+    let d = letters
+        .iter()
+        .find(|d| d.msg_id == e.id)
+        .unwrap_or_else(|| panic!("{} dead-lettered: {letters:?}", e.id));
+    assert_eq!(d.payload, String::from_utf8_lossy(&e.payload), "the payload is kept");
+    d.reason.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_payload_is_dead_lettered() {
+    let env = Env::new().await;
+    let e = Envelope {
+        id: "bad-json".into(),
+        handler: "grant-credits".into(),
+        headers: vec![],
+        payload: b"{not json".to_vec(),
+    };
+    let reason = dead_letter_reason(&env, e).await;
+    assert!(reason.contains("not valid JSON"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_utf8_payload_is_dead_lettered() {
+    let env = Env::new().await;
+    let e = Envelope {
+        id: "bad-utf8".into(),
+        handler: "grant-credits".into(),
+        headers: vec![],
+        payload: vec![0xff, 0xfe, 0x00, 0x80],
+    };
+    let pool = env.start().await;
+    pool.backends.broker.publish(&[e], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].reason.contains("not valid JSON"), "{}", letters[0].reason);
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_handler_is_dead_lettered_naming_the_loaded_ones() {
+    let env = Env::new().await;
+    let reason = dead_letter_reason(&env, envelope("who", "no-such-plugin", json!({}))).await;
+    assert!(reason.contains("unknown handler \"no-such-plugin\""), "{reason}");
+    assert!(reason.contains("record-payment"), "lists the loaded plugins: {reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_payload_is_dead_lettered() {
+    let mut env = Env::new().await;
+    env.config.limits.max_payload_bytes = 1024;
+    let big = "x".repeat(4096);
+    let reason = dead_letter_reason(
+        &env,
+        envelope("big", "grant-credits", json!({ "user": "u", "balance": 1, "pad": big })),
+    )
+    .await;
+    assert!(reason.contains("exceeds limits.max_payload_bytes = 1024"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_natural_key_is_dead_lettered() {
+    let env = Env::new().await;
+    let reason = dead_letter_reason(&env, envelope("nokey", "record-payment", json!({ "customer": "c" }))).await;
+    assert!(reason.contains("/payment_id"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_reused_with_a_different_payload_is_a_conflict() {
+    let env = Env::new().await;
+    let pool = env.start().await;
+    let first = envelope(
+        "m1",
+        "record-payment",
+        json!({ "payment_id": "pay-x", "customer": "c", "amount_cents": 1 }),
+    );
+    pool.backends.broker.publish(&[first], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let second = envelope(
+        "m2",
+        "record-payment",
+        json!({ "payment_id": "pay-x", "customer": "c", "amount_cents": 999 }),
+    );
+    pool.backends.broker.publish(&[second], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let c = pool.counters.snapshot();
+    assert_eq!(c.conflicts, 1, "{c:?}");
+    assert_eq!(c.executions, 1, "{c:?}");
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].reason.starts_with("conflict:"), "{}", letters[0].reason);
+    assert!(letters[0].payload.contains("999"));
+    assert_eq!(env.mock.performed("payments", "pay-x"), 1);
+    assert_eq!(state(&pool, "record-payment", "pay-x").await.as_deref(), Some("done"));
+    pool.stop().await.unwrap();
+}

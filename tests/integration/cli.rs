@@ -1,0 +1,106 @@
+//! The `idem` command line, as a user runs it.
+
+use std::process::Command;
+
+use crate::common::plugin_dir;
+
+fn idem(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem")).args(args).output().expect("run idem");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn plugin_check_accepts_an_example_plugin() {
+    let path = plugin_dir().join("record_payment.wasm");
+    let (ok, out, err) = idem(&["plugin", "check", path.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("idem:handler/store@0.1.0"), "{out}");
+    assert!(out.contains("loads and exports `handle`"), "{out}");
+    assert!(!out.contains("REFUSED"), "{out}");
+}
+
+#[test]
+fn plugin_check_refuses_a_disallowed_import() {
+    let path = plugin_dir().join("sneaky_net.wasm");
+    let (ok, out, _) = idem(&["plugin", "check", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("REFUSED wasi:sockets/"), "{out}");
+}
+
+#[test]
+fn plugin_check_rejects_a_file_that_is_not_a_component() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("junk.wasm");
+    std::fs::write(&path, b"not wasm at all").unwrap();
+    let (ok, _, err) = idem(&["plugin", "check", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("not a valid WebAssembly component"), "{err}");
+}
+
+#[test]
+fn bad_config_names_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(&cfg, "[plugins.pay]\npath = \"pay.wasm\"\nendpoints = [\"bank\"]\n").unwrap();
+    let (ok, _, err) = idem(&["run", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("plugins.pay.endpoints grants \"bank\""), "{err}");
+
+    std::fs::write(&cfg, "[worker]\nconcurency = 4\n").unwrap();
+    let (ok, _, err) = idem(&["run", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("concurency"), "{err}");
+
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\npath = \"{}\"\n[plugins.pay]\npath = \"missing.wasm\"\n",
+            dir.path().join("x.db").display()
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = idem(&["run", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("plugin pay: cannot read") && err.contains("plugins.pay.path"), "{err}");
+
+    let (ok, _, err) = idem(&["run", "--config", dir.path().join("nope.toml").to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("cannot read config file"), "{err}");
+}
+
+#[test]
+fn publish_then_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(&cfg, "[database]\npath = \"q.db\"\n").unwrap();
+    let c = cfg.to_str().unwrap();
+    let (ok, _, err) = idem(&[
+        "publish",
+        "--config",
+        c,
+        "--handler",
+        "grant-credits",
+        "--id",
+        "m1",
+        "--payload",
+        r#"{"user":"u","balance":1}"#,
+    ]);
+    assert!(ok, "{err}");
+    let jsonl = dir.path().join("m.jsonl");
+    std::fs::write(
+        &jsonl,
+        "{\"id\":\"m2\",\"handler\":\"grant-credits\",\"payload\":{\"user\":\"v\",\"balance\":2}}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = idem(&["publish", "--config", c, "--file", jsonl.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = idem(&["stats", "--config", c, "--json"]);
+    assert!(ok, "{err}");
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stats["pending"], 2);
+    assert_eq!(stats["done"], 0);
+}

@@ -1,0 +1,311 @@
+//! The conformance suite every backend must pass: claim store, data store
+//! and broker, each written once against the traits. Time is injected
+//! (`now`) so lease expiry is tested without waiting.
+
+use std::time::Duration;
+
+use idem_host::backend::Backends;
+use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
+use idem_host::config::Config;
+use idem_host::envelope::{payload_hash, Envelope};
+use idem_host::store::{DataError, Inserted};
+
+use crate::common::wait_until;
+
+async fn sqlite() -> (tempfile::TempDir, Backends) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.database.path = dir.path().join("conformance.db");
+    let backends = idem_host::backend::open(&config).await.unwrap();
+    (dir, backends)
+}
+
+fn request<'a>(key: &'a str, hash: &'a str, payload: &'a [u8], max_attempts: u32) -> ClaimRequest<'a> {
+    ClaimRequest {
+        plugin: "p",
+        key,
+        msg_id: key,
+        payload_hash: hash,
+        headers: &[],
+        payload,
+        owner: "w1",
+        lease_ms: 1_000,
+        max_attempts,
+        plugin_version: "v1",
+    }
+}
+
+async fn claim_store_conformance(b: &Backends) {
+    let claims = &b.claims;
+    let payload = b"{\"n\":1}";
+    let hash = payload_hash(payload);
+    let t0 = 1_000_000;
+
+    // A new key is acquired with fence 1, attempt 1.
+    let out = claims.claim(&[request("k1", &hash, payload, 3)], t0).await.unwrap();
+    assert_eq!(
+        out,
+        vec![ClaimOutcome::Acquired {
+            fence: 1,
+            attempt: 1,
+            traps: 0
+        }]
+    );
+    let f1 = ClaimRef {
+        plugin: "p".into(),
+        key: "k1".into(),
+        fence: 1,
+    };
+
+    // While the lease is live, a second delivery is busy.
+    let out = claims.claim(&[request("k1", &hash, payload, 3)], t0 + 10).await.unwrap();
+    assert!(
+        matches!(out[0], ClaimOutcome::Busy { retry_after_ms } if retry_after_ms > 0 && retry_after_ms <= 1_000),
+        "{out:?}"
+    );
+
+    // The same key with another payload is a conflict, dead-lettered.
+    let other = b"{\"n\":2}";
+    let out = claims
+        .claim(&[request("k1", &payload_hash(other), other, 3)], t0 + 20)
+        .await
+        .unwrap();
+    assert_eq!(out, vec![ClaimOutcome::Conflict]);
+
+    // The heartbeat extends the lease.
+    assert_eq!(claims.extend(std::slice::from_ref(&f1), 1_000, t0 + 500).await.unwrap(), vec![true]);
+    let out = claims.claim(&[request("k1", &hash, payload, 3)], t0 + 1_200).await.unwrap();
+    assert!(matches!(out[0], ClaimOutcome::Busy { .. }), "extended lease still live: {out:?}");
+
+    // After the lease expires the claim is taken over: fence 2, attempt 2.
+    let out = claims.claim(&[request("k1", &hash, payload, 3)], t0 + 1_600).await.unwrap();
+    assert_eq!(
+        out,
+        vec![ClaimOutcome::Acquired {
+            fence: 2,
+            attempt: 2,
+            traps: 0
+        }]
+    );
+    let f2 = ClaimRef { fence: 2, ..f1.clone() };
+
+    // The old fence can no longer extend, journal, write, confirm, release or dead-letter.
+    assert_eq!(
+        claims.extend(std::slice::from_ref(&f1), 1_000, t0 + 1_700).await.unwrap(),
+        vec![false]
+    );
+    assert!(!claims.journal_put(&f1, "charge", "h", b"old", "v1", t0 + 1_700).await.unwrap());
+    assert!(matches!(
+        b.data.upsert(Some(&f1), "c", "x", b"old").await,
+        Err(DataError::FenceLost { fence: 1, .. })
+    ));
+    assert!(matches!(
+        b.data.insert_unique(Some(&f1), "c", "y", b"old").await,
+        Err(DataError::FenceLost { .. })
+    ));
+    assert!(matches!(b.data.delete(Some(&f1), "c", "x").await, Err(DataError::FenceLost { .. })));
+    assert_eq!(claims.confirm(std::slice::from_ref(&f1), t0 + 1_700).await.unwrap(), vec![false]);
+    assert!(!claims.release(&f1, t0, "x", false, t0 + 1_700).await.unwrap());
+    let dl = DeadLetterRequest {
+        plugin: "p",
+        key: "k1",
+        msg_id: "k1",
+        headers: &[],
+        payload,
+        reason: "x",
+        fence: Some(1),
+        plugin_version: None,
+    };
+    assert_eq!(claims.dead_letter(&[dl], t0 + 1_700).await.unwrap(), vec![false]);
+    assert_eq!(b.data.get("c", "x").await.unwrap(), None, "the refused write left nothing");
+
+    // The current fence journals once; the first response is kept.
+    assert_eq!(claims.journal_get("p", "k1", "charge").await.unwrap(), None);
+    assert!(claims.journal_put(&f2, "charge", "h", b"resp-1", "v1", t0 + 1_700).await.unwrap());
+    assert!(claims.journal_put(&f2, "charge", "h", b"resp-2", "v1", t0 + 1_701).await.unwrap());
+    assert_eq!(
+        claims.journal_get("p", "k1", "charge").await.unwrap().as_deref(),
+        Some(&b"resp-1"[..])
+    );
+    b.data.upsert(Some(&f2), "c", "x", b"new").await.unwrap();
+
+    // Confirmed: later deliveries are duplicates.
+    assert_eq!(claims.confirm(std::slice::from_ref(&f2), t0 + 1_800).await.unwrap(), vec![true]);
+    let out = claims.claim(&[request("k1", &hash, payload, 3)], t0 + 1_900).await.unwrap();
+    assert_eq!(out, vec![ClaimOutcome::Done]);
+    assert_eq!(claims.state("p", "k1").await.unwrap().as_deref(), Some("done"));
+
+    // Release for a retry: busy until not_before, then acquired again.
+    let out = claims.claim(&[request("k2", &hash, payload, 2)], t0).await.unwrap();
+    assert_eq!(
+        out,
+        vec![ClaimOutcome::Acquired {
+            fence: 1,
+            attempt: 1,
+            traps: 0
+        }]
+    );
+    let k2 = ClaimRef {
+        plugin: "p".into(),
+        key: "k2".into(),
+        fence: 1,
+    };
+    assert!(claims.release(&k2, t0 + 500, "boom", true, t0 + 10).await.unwrap());
+    let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 100).await.unwrap();
+    assert!(matches!(out[0], ClaimOutcome::Busy { retry_after_ms: 400 }), "{out:?}");
+    let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 600).await.unwrap();
+    assert_eq!(
+        out,
+        vec![ClaimOutcome::Acquired {
+            fence: 2,
+            attempt: 2,
+            traps: 1
+        }]
+    );
+
+    // Attempts are counted at claim time: when the worker holding the last
+    // attempt dies, the next claim dead-letters the message with its payload.
+    let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 5_000).await.unwrap();
+    assert_eq!(out, vec![ClaimOutcome::Exhausted { attempts: 2 }]);
+    assert_eq!(claims.state("p", "k2").await.unwrap().as_deref(), Some("dead"));
+    let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 5_001).await.unwrap();
+    assert_eq!(out, vec![ClaimOutcome::DeadLettered]);
+
+    // A batch answers per item, in order.
+    let out = claims
+        .claim(
+            &[
+                request("k3", &hash, payload, 2),
+                request("k1", &hash, payload, 2),
+                request("k3", &hash, payload, 2),
+            ],
+            t0 + 6_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out[0],
+        ClaimOutcome::Acquired {
+            fence: 1,
+            attempt: 1,
+            traps: 0
+        }
+    );
+    assert_eq!(out[1], ClaimOutcome::Done);
+    assert!(matches!(out[2], ClaimOutcome::Busy { .. }));
+
+    // Dead letter through the current fence.
+    let dl = DeadLetterRequest {
+        plugin: "p",
+        key: "k3",
+        msg_id: "k3",
+        headers: &[],
+        payload,
+        reason: "permanent error: no",
+        fence: Some(1),
+        plugin_version: Some("v1"),
+    };
+    assert_eq!(claims.dead_letter(&[dl], t0 + 6_100).await.unwrap(), vec![true]);
+
+    let letters = claims.dead_letters(10).await.unwrap();
+    let reasons: Vec<(&str, &str, u32)> = letters
+        .iter()
+        .map(|d| (d.key.as_str(), &d.reason[..9.min(d.reason.len())], d.attempts))
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![("k3", "permanent", 1), ("k2", "attempts ", 2), ("k1", "conflict:", 0)]
+    );
+    assert!(letters.iter().all(|d| !d.payload.is_empty()));
+    let counts = claims.counts().await.unwrap();
+    assert_eq!((counts.done, counts.dead, counts.running, counts.dead_letters), (1, 2, 0, 3));
+}
+
+async fn data_store_conformance(b: &Backends) {
+    let d = &b.data;
+    assert_eq!(d.insert_unique(None, "users", "u1", b"alice").await.unwrap(), Inserted::Inserted);
+    assert_eq!(
+        d.insert_unique(None, "users", "u1", b"bob").await.unwrap(),
+        Inserted::Existed(b"alice".to_vec())
+    );
+    assert_eq!(d.get("users", "u1").await.unwrap().as_deref(), Some(&b"alice"[..]));
+    d.upsert(None, "users", "u1", b"carol").await.unwrap();
+    d.upsert(None, "users", "u1", b"carol").await.unwrap();
+    assert_eq!(d.get("users", "u1").await.unwrap().as_deref(), Some(&b"carol"[..]));
+    assert_eq!(d.get("other", "u1").await.unwrap(), None, "collections are separate");
+    assert!(d.delete(None, "users", "u1").await.unwrap());
+    assert!(!d.delete(None, "users", "u1").await.unwrap());
+    let evil = "x'); DROP TABLE kv; --";
+    d.upsert(None, evil, evil, b"v").await.unwrap();
+    assert_eq!(d.scan(evil).await.unwrap(), vec![(evil.to_string(), b"v".to_vec())]);
+}
+
+async fn broker_conformance(b: &Backends) {
+    let broker = &b.broker;
+    let e = |id: &str| Envelope {
+        id: id.into(),
+        handler: "h".into(),
+        headers: vec![("k".into(), "v".into())],
+        payload: id.as_bytes().to_vec(),
+    };
+    broker.publish(&[e("a"), e("b"), e("c")], Duration::ZERO).await.unwrap();
+    broker.publish(&[e("later")], Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(broker.pending().await.unwrap(), 4);
+
+    let got = broker.fetch(2, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(got.iter().map(|d| d.envelope.id.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
+    assert_eq!(got[0].envelope.headers, vec![("k".to_string(), "v".to_string())]);
+    assert_eq!(got[0].delivery_count, 1);
+    let rest = broker.fetch(10, Duration::from_millis(200)).await.unwrap();
+    assert_eq!(
+        rest.iter().map(|d| d.envelope.id.as_str()).collect::<Vec<_>>(),
+        vec!["c"],
+        "in-flight and delayed messages are invisible"
+    );
+
+    // Not acked within the visibility timeout: delivered again.
+    wait_until(Duration::from_secs(5), "c to be redelivered", || async {
+        let again = broker.fetch(10, Duration::from_secs(60)).await.unwrap();
+        if let Some(d) = again.first() {
+            assert_eq!(d.envelope.id, "c");
+            assert_eq!(d.delivery_count, 2);
+            broker.ack(&[&d.receipt]).await.unwrap();
+            true
+        } else {
+            false
+        }
+    })
+    .await;
+
+    // Nack with a delay, extend, ack.
+    broker.nack(&got[0].receipt, Duration::ZERO).await.unwrap();
+    let a = broker.fetch(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].envelope.id, "a");
+    broker.nack(&got[0].receipt, Duration::ZERO).await.unwrap(); // stale receipt: no effect
+    assert!(broker.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty());
+    broker
+        .extend(&[&a[0].receipt, &got[1].receipt], Duration::from_secs(60))
+        .await
+        .unwrap();
+    broker.ack(&[&a[0].receipt, &got[1].receipt]).await.unwrap();
+    assert_eq!(broker.pending().await.unwrap(), 1, "only the delayed message is left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_claim_store_conforms() {
+    let (_dir, b) = sqlite().await;
+    claim_store_conformance(&b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_data_store_conforms() {
+    let (_dir, b) = sqlite().await;
+    data_store_conformance(&b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_broker_conforms() {
+    let (_dir, b) = sqlite().await;
+    broker_conformance(&b).await;
+}

@@ -1,0 +1,252 @@
+//! G1, G3, G4, G5, G6 end to end: real plugins, real SQLite, real HTTP.
+
+use std::time::Duration;
+
+use idem_host::envelope::idempotency_key;
+use serde_json::json;
+
+use crate::common::*;
+
+fn payment(id: &str) -> idem_host::envelope::Envelope {
+    envelope(
+        &format!("msg-{id}"),
+        "record-payment",
+        json!({ "payment_id": id, "customer": "c1", "amount_cents": 1250 }),
+    )
+}
+
+async fn receipts(pool: &idem_host::app::Pool) -> Vec<(String, Vec<u8>)> {
+    pool.backends.data.scan("receipts").await.unwrap()
+}
+
+/// G1: five sequential deliveries of one message → one row, one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_sequential_duplicates_have_one_effect() {
+    let env = Env::new().await;
+    let pool = env.start().await;
+    for _ in 0..5 {
+        pool.backends.broker.publish(&[payment("pay-seq")], Duration::ZERO).await.unwrap();
+        drain(&pool).await;
+    }
+    let c = pool.counters.snapshot();
+    assert_eq!(c.executions, 1, "{c:?}");
+    assert_eq!(c.duplicates, 4, "{c:?}");
+    assert_eq!(pool.backends.data.scan("payments").await.unwrap().len(), 1);
+    assert_eq!(receipts(&pool).await.len(), 1);
+    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-seq", "charge")), 1);
+    assert_eq!(env.mock.performed("payments", "pay-seq"), 1);
+    assert_eq!(state(&pool, "record-payment", "pay-seq").await.as_deref(), Some("done"));
+    pool.stop().await.unwrap();
+}
+
+/// G1 + G3: five deliveries at once while the first is still running →
+/// one execution; the others wait (busy) and are then suppressed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_concurrent_duplicates_run_once() {
+    let env = Env::new().await;
+    env.mock.state.lock().unwrap().held.insert("payments/pay-conc".into());
+    let pool = env.start().await;
+    let copies: Vec<_> = (0..5).map(|_| payment("pay-conc")).collect();
+    pool.backends.broker.publish(&copies, Duration::ZERO).await.unwrap();
+    // The first execution is now blocked inside its charge call.
+    env.mock.wait_for_held().await;
+    wait_until(Duration::from_secs(10), "the other copies to find the key busy", || async {
+        pool.counters.snapshot().busy >= 4
+    })
+    .await;
+    assert_eq!(pool.counters.snapshot().executions, 1);
+    env.mock.release();
+    drain(&pool).await;
+    let c = pool.counters.snapshot();
+    assert_eq!(c.executions, 1, "{c:?}");
+    assert_eq!(c.duplicates, 4, "{c:?}");
+    assert_eq!(c.done, 1, "{c:?}");
+    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-conc", "charge")), 1);
+    assert_eq!(env.mock.performed("payments", "pay-conc"), 1);
+    assert_eq!(pool.backends.data.scan("payments").await.unwrap().len(), 1);
+    pool.stop().await.unwrap();
+}
+
+/// G4: a worker whose lease was taken over can neither journal, write nor
+/// confirm; the new owner completes the message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g4_fenced_out_worker_cannot_write_or_confirm() {
+    let mut env = Env::new().await;
+    env.config.worker.lease_ms = 300;
+    env.config.worker.visibility_ms = 300;
+    env.mock.state.lock().unwrap().held.insert("payments/pay-fence".into());
+    // Worker A has no heartbeat: its lease lapses while its handler is paused.
+    let a = env.start_with(|o| o.heartbeat = None).await;
+    a.backends.broker.publish(&[payment("pay-fence")], Duration::ZERO).await.unwrap();
+    env.mock.wait_for_held().await;
+    a.shutdown.cancel(); // A fetches nothing more; its paused execution goes on.
+
+    // Worker B takes the claim over once A's lease has expired.
+    let b = env.start().await;
+    wait_until(Duration::from_secs(10), "worker B to complete the message", || async {
+        state(&b, "record-payment", "pay-fence").await.as_deref() == Some("done")
+    })
+    .await;
+    assert_eq!(b.counters.snapshot().done, 1);
+
+    // Now A's paused call returns: its journal write must be refused and
+    // its execution stopped without confirming or acking.
+    env.mock.release();
+    let a_counters = a.counters.clone();
+    a.join().await.unwrap();
+    let ca = a_counters.snapshot();
+    assert_eq!(ca.executions, 1, "{ca:?}");
+    assert_eq!(ca.done, 0, "A must not confirm: {ca:?}");
+    assert!(ca.fence_rejections >= 1, "A's journal write was refused: {ca:?}");
+    drain(&b).await;
+    b.stop().await.unwrap();
+
+    // Exactly one charge was performed; both attempts carried the same key.
+    assert_eq!(env.mock.performed("payments", "pay-fence"), 1);
+    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-fence", "charge")), 2);
+    let pool = env.start().await;
+    let rows = pool.backends.data.scan("receipts").await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(state(&pool, "record-payment", "pay-fence").await.as_deref(), Some("done"));
+    pool.stop().await.unwrap();
+}
+
+/// G5: a handler that runs longer than its lease completes once, its lease
+/// and visibility extended by the heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_long_handler_keeps_its_lease() {
+    let mut env = Env::new().await;
+    env.config.worker.lease_ms = 400;
+    env.config.worker.heartbeat_ms = Some(100);
+    env.config.worker.visibility_ms = 400;
+    env.mock.slow_for = Duration::from_millis(1_500);
+    env.mock.state.lock().unwrap().slow.insert("pay-long".into());
+    let pool = env.start().await;
+    pool.backends.broker.publish(&[payment("pay-long")], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let c = pool.counters.snapshot();
+    assert_eq!(c.executions, 1, "{c:?}");
+    assert_eq!(c.done, 1, "{c:?}");
+    assert_eq!(c.busy, 0, "no redelivery while the lease was extended: {c:?}");
+    assert!(c.lease_extensions >= 5, "the heartbeat extended the lease: {c:?}");
+    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-long", "charge")), 1);
+    pool.stop().await.unwrap();
+}
+
+/// G6: transient failures retry with growing delays, then succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_transient_errors_retry_with_growing_delays() {
+    let mut env = Env::new().await;
+    env.config.retry.base_delay_ms = 100;
+    env.mock.state.lock().unwrap().flaky.insert("pay-flaky".into(), 3);
+    let pool = env.start().await;
+    pool.backends.broker.publish(&[payment("pay-flaky")], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let c = pool.counters.snapshot();
+    assert_eq!(c.retries, 3, "{c:?}");
+    assert_eq!(c.done, 1, "{c:?}");
+    assert_eq!(state(&pool, "record-payment", "pay-flaky").await.as_deref(), Some("done"));
+    let arrivals = env.mock.state.lock().unwrap().arrivals["pay-flaky"].clone();
+    assert_eq!(arrivals.len(), 4);
+    let gaps: Vec<Duration> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
+    // base 100 ms, no jitter: at least 100, 200, 400 ms apart.
+    for (gap, min) in gaps.iter().zip([100u64, 200, 400]) {
+        assert!(*gap >= Duration::from_millis(min), "gaps {gaps:?}");
+    }
+    assert!(gaps[1] > gaps[0] && gaps[2] > gaps[1], "delays grow: {gaps:?}");
+    assert_eq!(env.mock.performed("payments", "pay-flaky"), 1);
+    pool.stop().await.unwrap();
+}
+
+/// G6: a message that keeps failing is dead-lettered after the configured
+/// attempts, with its payload and last error; others keep flowing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_poison_is_dead_lettered_and_the_pool_keeps_going() {
+    let mut env = Env::new().await;
+    env.config.retry.max_attempts = 3;
+    let pool = env.start().await;
+    let mut batch = vec![envelope("poison-t", "poison", json!({ "mode": "transient" }))];
+    batch.extend((0..20).map(|i| envelope(&format!("g-{i}"), "grant-credits", json!({ "user": format!("u{i}"), "balance": i }))));
+    pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 20);
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    let d = &letters[0];
+    assert_eq!((d.plugin.as_str(), d.key.as_str(), d.attempts), ("poison", "poison-t", 3));
+    assert!(d.reason.contains("attempts exhausted (3 of 3)"), "{}", d.reason);
+    assert!(d.reason.contains("never succeeds"), "{}", d.reason);
+    assert_eq!(d.payload, r#"{"mode":"transient"}"#);
+    assert_eq!(state(&pool, "poison", "poison-t").await.as_deref(), Some("dead"));
+    pool.stop().await.unwrap();
+}
+
+/// G6: a trap counts as an attempt; a permanent error dead-letters at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_traps_count_as_attempts_and_permanent_errors_stop_at_once() {
+    let mut env = Env::new().await;
+    env.config.retry.max_attempts = 3;
+    env.config.retry.max_traps = 10;
+    let pool = env.start().await;
+    pool.backends
+        .broker
+        .publish(
+            &[
+                envelope("poison-trap", "poison", json!({ "mode": "trap" })),
+                envelope("poison-perm", "poison", json!({ "mode": "permanent" })),
+            ],
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    drain(&pool).await;
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let trap = letters.iter().find(|d| d.key == "poison-trap").expect("trap dead-lettered");
+    assert_eq!(trap.attempts, 3, "{trap:?}");
+    assert!(trap.reason.contains("panicked"), "{}", trap.reason);
+    let perm = letters.iter().find(|d| d.key == "poison-perm").expect("permanent dead-lettered");
+    assert_eq!(perm.attempts, 1, "{perm:?}");
+    assert!(
+        perm.reason.starts_with("permanent error: poison: this message is refused"),
+        "{}",
+        perm.reason
+    );
+    let c = pool.counters.snapshot();
+    assert_eq!(c.traps, 3, "{c:?}");
+    assert_eq!(c.executions, 4, "{c:?}");
+    pool.stop().await.unwrap();
+}
+
+/// Multi-step handlers resume: each retry replays the steps already
+/// journaled and goes on with the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_step_retry_resumes_instead_of_restarting() {
+    let env = Env::new().await;
+    // Each API fails its first request for this order: charge, reserve and
+    // email each cost one retry.
+    env.mock.state.lock().unwrap().flaky.insert("ord-resume".into(), 1);
+    let pool = env.start().await;
+    let order = envelope(
+        "msg-ord-resume",
+        "fulfil-order",
+        json!({ "order_id": "ord-resume", "customer": "c", "email": "c@example.com", "sku": "s", "quantity": 1, "amount_cents": 10 }),
+    );
+    pool.backends.broker.publish(&[order], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let c = pool.counters.snapshot();
+    assert_eq!(c.retries, 3, "{c:?}");
+    assert_eq!(
+        c.journal_replays, 3,
+        "attempt 3 replays the charge, attempt 4 the charge and the reservation: {c:?}"
+    );
+    for (api, step) in [("payments", "charge"), ("inventory", "reserve"), ("email", "send-email")] {
+        assert_eq!(env.mock.performed(api, "ord-resume"), 1, "{api}");
+        assert_eq!(
+            env.mock.requests_for(&idempotency_key("fulfil-order", "ord-resume", step)),
+            2,
+            "{step}: one failure, one success"
+        );
+    }
+    assert_eq!(state(&pool, "fulfil-order", "ord-resume").await.as_deref(), Some("done"));
+    pool.stop().await.unwrap();
+}

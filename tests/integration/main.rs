@@ -1,0 +1,12 @@
+//! Integration tests: real compiled plugins, a real SQLite database per
+//! test, real HTTP endpoints (a local mock), real `idem` processes killed
+//! with SIGKILL.
+
+mod common;
+
+mod bad_input;
+mod cli;
+mod conformance;
+mod crash;
+mod guarantees;
+mod sandbox;
