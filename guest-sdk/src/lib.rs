@@ -75,7 +75,7 @@ extern crate self as idem_sdk;
 use std::fmt;
 
 #[doc(hidden)]
-#[allow(missing_docs)]
+#[allow(missing_docs, clippy::too_many_arguments)]
 pub mod __bindings {
     wit_bindgen::generate!({
         path: "../wit",

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Where the embedded backend keeps its queue, claims, journal, dead
@@ -29,19 +29,6 @@ pub struct Config {
     pub endpoints: BTreeMap<String, EndpointConfig>,
     /// Loaded plugins, by name (the name messages are published to).
     pub plugins: BTreeMap<String, PluginConfig>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            database: DatabaseConfig::default(),
-            worker: WorkerConfig::default(),
-            retry: RetryConfig::default(),
-            limits: Limits::default(),
-            endpoints: BTreeMap::new(),
-            plugins: BTreeMap::new(),
-        }
-    }
 }
 
 /// The embedded SQLite database.

@@ -10,7 +10,11 @@ use crate::common::*;
 
 async fn dead_letter_reason(env: &Env, e: Envelope) -> String {
     let pool = env.start().await;
-    pool.backends.broker.publish(&[e.clone()], Duration::ZERO).await.unwrap();
+    pool.backends
+        .broker
+        .publish(std::slice::from_ref(&e), Duration::ZERO)
+        .await
+        .unwrap();
     drain(&pool).await;
     let letters = pool.backends.claims.dead_letters(10).await.unwrap();
     pool.stop().await.unwrap();
