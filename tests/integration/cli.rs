@@ -104,3 +104,31 @@ fn publish_then_stats() {
     assert_eq!(stats["pending"], 2);
     assert_eq!(stats["done"], 0);
 }
+
+/// The demo, as `cargo xtask demo -- --json` runs it, at a smaller size.
+#[test]
+fn demo_json_reports_no_double_effect_and_nothing_lost() {
+    let dir = plugin_dir();
+    let (ok, out, err) = idem(&["demo", "--messages", "300", "--json", "--plugins", dir.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let last = out.lines().last().expect("output");
+    let r: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    assert_eq!(r["messages"], 300);
+    assert_eq!(r["double_effects"], 0, "{r}");
+    assert_eq!(r["calls_after_journal"], 0, "{r}");
+    assert_eq!(r["lost"], 0, "{r}");
+    assert_eq!(r["missing_effects"], 0, "{r}");
+    assert_eq!(r["effects"], r["expected_effects"], "{r}");
+    assert_eq!(r["effects"], 299, "{r}");
+    assert_eq!(r["dead_lettered"], 1, "the poison message: {r}");
+    for field in [
+        "duplicates_suppressed",
+        "busy_redeliveries",
+        "retries",
+        "crashes",
+        "journal_replays",
+    ] {
+        assert!(r[field].as_u64().unwrap() > 0, "{field} happened: {r}");
+    }
+    assert!(out.contains("OK: every message settled once"), "{out}");
+}

@@ -108,14 +108,18 @@ impl Env {
 
     /// Start a pool with the environment's configuration.
     pub async fn start(&self) -> Pool {
-        Pool::start(&self.config, None).await.expect("pool starts")
+        let pool = Pool::start(&self.config, None).await.expect("pool starts");
+        self.mock.watch_journal(pool.backends.claims.clone());
+        pool
     }
 
     /// Start a pool with adjusted worker options.
     pub async fn start_with(&self, f: impl FnOnce(&mut WorkerOptions)) -> Pool {
         let mut options = WorkerOptions::from_config(&self.config);
         f(&mut options);
-        Pool::start_with(&self.config, options, None).await.expect("pool starts")
+        let pool = Pool::start_with(&self.config, options, None).await.expect("pool starts");
+        self.mock.watch_journal(pool.backends.claims.clone());
+        pool
     }
 }
 

@@ -34,6 +34,7 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     std::fs::write(&config_path, toml::to_string(&env.config).unwrap()).unwrap();
 
     let backends = idem_host::backend::open(&env.config).await.unwrap();
+    env.mock.watch_journal(backends.claims.clone());
     let mut batch = vec![envelope(
         "msg-ord-crash",
         "fulfil-order",
@@ -77,6 +78,7 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     for api in ["payments", "inventory", "email"] {
         assert_eq!(env.mock.performed(api, "ord-crash"), 1, "{api}");
     }
+    assert_eq!(env.mock.calls_after_journal(), 0);
     let orders = backends.data.scan("orders").await.unwrap();
     assert_eq!(orders.len(), 1);
     assert!(String::from_utf8_lossy(&orders[0].1).contains("fulfilled"));

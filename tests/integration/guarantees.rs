@@ -35,6 +35,7 @@ async fn g1_sequential_duplicates_have_one_effect() {
     assert_eq!(receipts(&pool).await.len(), 1);
     assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-seq", "charge")), 1);
     assert_eq!(env.mock.performed("payments", "pay-seq"), 1);
+    assert_eq!(env.mock.calls_after_journal(), 0);
     assert_eq!(state(&pool, "record-payment", "pay-seq").await.as_deref(), Some("done"));
     pool.stop().await.unwrap();
 }
@@ -63,6 +64,7 @@ async fn g3_concurrent_duplicates_run_once() {
     assert_eq!(c.done, 1, "{c:?}");
     assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-conc", "charge")), 1);
     assert_eq!(env.mock.performed("payments", "pay-conc"), 1);
+    assert_eq!(env.mock.calls_after_journal(), 0);
     assert_eq!(pool.backends.data.scan("payments").await.unwrap().len(), 1);
     pool.stop().await.unwrap();
 }
@@ -247,6 +249,7 @@ async fn multi_step_retry_resumes_instead_of_restarting() {
             "{step}: one failure, one success"
         );
     }
+    assert_eq!(env.mock.calls_after_journal(), 0, "journaled steps were replayed, not re-sent");
     assert_eq!(state(&pool, "fulfil-order", "ord-resume").await.as_deref(), Some("done"));
     pool.stop().await.unwrap();
 }

@@ -21,6 +21,8 @@ use axum::routing::post;
 use axum::Router;
 use tokio::sync::Notify;
 
+use crate::claim::ClaimStore;
+
 /// What the mock has seen.
 #[derive(Debug, Default)]
 pub struct MockState {
@@ -41,6 +43,9 @@ pub struct MockState {
     pub held: HashSet<String>,
     /// When each request for a reference arrived.
     pub arrivals: HashMap<String, Vec<std::time::Instant>>,
+    /// Requests for a (plugin, key, step) whose response Idem had already
+    /// journaled: a journaled call must be replayed, never re-sent.
+    pub after_journal: u32,
     seen_refs: HashMap<String, u32>,
     next_id: u64,
 }
@@ -56,6 +61,7 @@ pub struct Mock {
     pub slow_for: Duration,
     release: Arc<Notify>,
     arrived: Arc<Notify>,
+    journal: Arc<Mutex<Option<Arc<dyn ClaimStore>>>>,
 }
 
 impl Mock {
@@ -69,6 +75,7 @@ impl Mock {
             slow_for,
             release: Arc::new(Notify::new()),
             arrived: Arc::new(Notify::new()),
+            journal: Arc::new(Mutex::new(None)),
         };
         let app = Router::new().route("/{api}", post(handle)).with_state(mock.clone());
         tokio::spawn(async move {
@@ -80,6 +87,16 @@ impl Mock {
     /// The URL of one API.
     pub fn url(&self, api: &str) -> String {
         format!("http://{}/{api}", self.addr)
+    }
+
+    /// Check every request against this journal (see [`MockState::after_journal`]).
+    pub fn watch_journal(&self, claims: Arc<dyn ClaimStore>) {
+        *self.journal.lock().expect("mock journal poisoned") = Some(claims);
+    }
+
+    /// Requests sent although their response was already journaled.
+    pub fn calls_after_journal(&self) -> u64 {
+        self.state.lock().expect("mock state poisoned").after_journal as u64
     }
 
     /// Let held requests answer.
@@ -128,6 +145,16 @@ async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: Head
         .ok()
         .and_then(|v| v.get("reference").and_then(|r| r.as_str()).map(str::to_string))
         .unwrap_or_default();
+    let journal = mock.journal.lock().expect("mock journal poisoned").clone();
+    if let Some(journal) = journal {
+        let h = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        if let Ok(Some(_)) = journal
+            .journal_get(&h("Idem-Plugin"), &h("Idem-Message-Key"), &h("Idem-Step"))
+            .await
+        {
+            mock.state.lock().expect("mock state poisoned").after_journal += 1;
+        }
+    }
     let (slow, flaky_now, held) = {
         let mut s = mock.state.lock().expect("mock state poisoned");
         match &key {

@@ -88,6 +88,8 @@ pub struct DemoReport {
     pub external_effects: u64,
     /// Effects performed more than once (must be 0).
     pub double_effects: u64,
+    /// Requests for a step whose response was already journaled (must be 0).
+    pub calls_after_journal: u64,
     /// Messages neither done nor dead-lettered (must be 0).
     pub lost: u64,
     /// Effectful messages whose store or external effect is missing (must be 0).
@@ -99,7 +101,11 @@ pub struct DemoReport {
 impl DemoReport {
     /// Whether the run upheld the guarantees.
     pub fn ok(&self) -> bool {
-        self.double_effects == 0 && self.lost == 0 && self.missing_effects == 0 && self.effects == self.expected_effects
+        self.double_effects == 0
+            && self.calls_after_journal == 0
+            && self.lost == 0
+            && self.missing_effects == 0
+            && self.effects == self.expected_effects
     }
 }
 
@@ -287,6 +293,7 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
     }
     let options = WorkerOptions::from_config(&config);
     let pool = Pool::start_with(&config, options, Some(injector)).await?;
+    mock.watch_journal(pool.backends.claims.clone());
     pool.backends.broker.publish(&now_batch, Duration::ZERO).await?;
     pool.backends.broker.publish(&late_batch, Duration::from_secs(2)).await?;
     let published = (now_batch.len() + late_batch.len()) as u64;
@@ -385,6 +392,7 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
         .map(|&n| n as u64)
         .sum();
     report.double_effects = mock.double_effects();
+    report.calls_after_journal = mock.calls_after_journal();
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
@@ -411,7 +419,7 @@ fn print_table(r: &DemoReport) {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
     t.set_header(vec!["", "count", "what it means"]);
-    let rows: [(&str, u64, &str); 17] = [
+    let rows: [(&str, u64, &str); 18] = [
         ("messages", r.messages, "distinct messages published"),
         ("published", r.published, "publishes, duplicates included"),
         ("deliveries", r.deliveries, "deliveries by the broker, redeliveries included"),
@@ -435,6 +443,11 @@ fn print_table(r: &DemoReport) {
         ("external calls", r.external_calls, "requests that reached the mock APIs"),
         ("external effects", r.external_effects, "charges, reservations and emails performed"),
         ("double effects", r.double_effects, "must be 0"),
+        (
+            "calls after journal",
+            r.calls_after_journal,
+            "journaled calls sent again: must be 0",
+        ),
         ("lost", r.lost, "must be 0"),
         ("missing effects", r.missing_effects, "must be 0"),
     ];
