@@ -144,6 +144,22 @@ impl Error {
         Error { kind, inner: error.into() }
     }
 
+    /// The same error, retried by the host.
+    pub fn into_transient(self) -> Self {
+        Error {
+            kind: ErrorKind::Transient,
+            ..self
+        }
+    }
+
+    /// The same error, dead-lettered by the host.
+    pub fn into_permanent(self) -> Self {
+        Error {
+            kind: ErrorKind::Permanent,
+            ..self
+        }
+    }
+
     /// Whether the host will retry.
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -268,7 +284,7 @@ impl From<wit::store::StoreError> for StoreError {
 pub enum CallError {
     /// The endpoint is not granted to this plugin.
     AccessDenied(String),
-    /// Timeout, connection failure, 5xx or 429: the message will be retried.
+    /// Timeout, connection failure, 5xx, 408, 409 or 429: the message will be retried.
     Transient(String),
     /// The endpoint refused the request (4xx).
     Permanent(String),

@@ -151,8 +151,11 @@ impl Default for RetryConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Guest CPU time per execution, in milliseconds (epoch deadline).
+    /// Guest time per execution, in milliseconds: epoch ticks counted
+    /// while guest code runs (a tick spent in a host call is not counted).
     pub cpu_ms: u64,
+    /// Wall-clock time per execution, host calls included.
+    pub timeout_ms: u64,
     /// Linear memory per instance, in bytes.
     pub memory_bytes: u64,
     /// Largest accepted message payload.
@@ -169,6 +172,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             cpu_ms: 2_000,
+            timeout_ms: 300_000,
             memory_bytes: 64 << 20,
             max_payload_bytes: 1 << 20,
             max_value_bytes: 1 << 20,
@@ -262,6 +266,13 @@ impl Config {
                 "worker.heartbeat_ms ({}) is not below worker.lease_ms ({}): leases of long handlers will expire and be taken over",
                 self.worker.heartbeat().as_millis(),
                 self.worker.lease_ms
+            );
+        }
+        if self.worker.heartbeat() >= self.worker.visibility() {
+            tracing::warn!(
+                "worker.heartbeat_ms ({}) is not below worker.visibility_ms ({}): the broker will redeliver running messages (they are answered busy, but it costs round trips)",
+                self.worker.heartbeat().as_millis(),
+                self.worker.visibility_ms
             );
         }
         if self.retry.max_attempts == 0 {

@@ -124,7 +124,12 @@ async fn claim_store_conformance(b: &Backends) {
     assert!(claims.journal_put(&f2, "charge", "h", b"resp-1", "v1", t0 + 1_700).await.unwrap());
     assert!(claims.journal_put(&f2, "charge", "h", b"resp-2", "v1", t0 + 1_701).await.unwrap());
     assert_eq!(
-        claims.journal_get("p", "k1", "charge").await.unwrap().as_deref(),
+        claims
+            .journal_get("p", "k1", "charge")
+            .await
+            .unwrap()
+            .map(|e| e.response)
+            .as_deref(),
         Some(&b"resp-1"[..])
     );
     b.data.upsert(Some(&f2), "c", "x", b"new").await.unwrap();

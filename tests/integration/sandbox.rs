@@ -80,6 +80,28 @@ async fn infinite_loop_is_interrupted_by_the_cpu_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_host_calls_are_stopped_by_the_timeout() {
+    let mut env = Env::new().await;
+    env.config.limits.timeout_ms = 1_000;
+    env.config.retry.max_traps = 1;
+    env.config.retry.max_attempts = 1;
+    let pool = env.start().await;
+    pool.backends
+        .broker
+        .publish(
+            &[envelope("attack-host-loop", "hostile", json!({ "mode": "host-call-loop" }))],
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    drain(&pool).await;
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].reason.contains("limits.timeout_ms = 1000"), "{}", letters[0].reason);
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_bomb_hits_the_memory_limit() {
     let (reason, c) = attack("memory").await;
     assert!(reason.contains("memory limit"), "{reason}");

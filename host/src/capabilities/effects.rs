@@ -68,15 +68,34 @@ pub(crate) async fn call(
     let caps = state.caps.clone();
     let key = state.exec.key.clone();
 
+    let request_hash = hex::encode(Sha256::digest(&request));
+
     // A journaled response is replayed: the endpoint is not called again.
     match caps.claims.journal_get(&plugin.name, &key, &step).await {
-        Ok(Some(response)) => {
+        Ok(Some(entry)) if entry.request_hash == request_hash => {
             Counters::inc(&caps.counters.journal_replays);
             tracing::debug!(plugin = %plugin.name, %key, %step, "replaying journaled response");
-            return Ok(Ok(response));
+            return Ok(Ok(entry.response));
+        }
+        Ok(Some(_)) => {
+            return Ok(Err(CallError::Permanent(format!(
+                "step {step:?} of message key {key:?} was journaled for a different request; a step name must stand for one request on every attempt (derive the request from the payload only, or use a new step name)"
+            ))))
         }
         Ok(None) => {}
         Err(e) => return Ok(Err(CallError::Transient(format!("journal unavailable: {e}")))),
+    }
+    // Do not send for an execution that has already lost its claim.
+    if let Some(claim) = &state.exec.claim {
+        match caps.claims.fence_holds(claim).await {
+            Ok(true) => {}
+            Ok(false) => {
+                Counters::inc(&caps.counters.fence_rejections);
+                state.abort = Some(HostAbort::FenceLost);
+                return Err(HostAbort::FenceLost.into());
+            }
+            Err(e) => return Ok(Err(CallError::Transient(format!("claim store unavailable: {e}")))),
+        }
     }
 
     let Some(config) = caps.effects.get(&endpoint) else {
@@ -128,7 +147,6 @@ pub(crate) async fn call(
 
     // Journal before returning: a later attempt replays this response. A
     // stale fence means another worker owns the message now: stop here.
-    let request_hash = hex::encode(Sha256::digest(&request));
     let claim = match &state.exec.claim {
         Some(c) => c.clone(),
         None => return Ok(Ok(body.to_vec())),

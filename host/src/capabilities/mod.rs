@@ -114,6 +114,7 @@ impl wit_store::Host for HostState {
         key: String,
         value: Vec<u8>,
     ) -> wasmtime::Result<Result<wit_store::Inserted, wit_store::StoreError>> {
+        self.in_host = true;
         if let Some(m) = self.collection_denied(&collection) {
             return Ok(Err(wit_store::StoreError::AccessDenied(m)));
         }
@@ -129,6 +130,7 @@ impl wit_store::Host for HostState {
     }
 
     async fn upsert(&mut self, collection: String, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), wit_store::StoreError>> {
+        self.in_host = true;
         if let Some(m) = self.collection_denied(&collection) {
             return Ok(Err(wit_store::StoreError::AccessDenied(m)));
         }
@@ -143,6 +145,7 @@ impl wit_store::Host for HostState {
     }
 
     async fn get(&mut self, collection: String, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, wit_store::StoreError>> {
+        self.in_host = true;
         if let Some(m) = self.collection_denied(&collection) {
             return Ok(Err(wit_store::StoreError::AccessDenied(m)));
         }
@@ -154,6 +157,7 @@ impl wit_store::Host for HostState {
     }
 
     async fn delete(&mut self, collection: String, key: String) -> wasmtime::Result<Result<bool, wit_store::StoreError>> {
+        self.in_host = true;
         if let Some(m) = self.collection_denied(&collection) {
             return Ok(Err(wit_store::StoreError::AccessDenied(m)));
         }
@@ -172,7 +176,10 @@ impl wit_effects::Host for HostState {
         step: String,
         request: Vec<u8>,
     ) -> wasmtime::Result<Result<Vec<u8>, wit_effects::CallError>> {
-        effects::call(self, endpoint, step, request).await
+        self.in_host = true;
+        let result = effects::call(self, endpoint, step, request).await;
+        self.in_host = true;
+        result
     }
 }
 

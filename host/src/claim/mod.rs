@@ -104,10 +104,19 @@ pub struct DeadLetterRequest<'a> {
     pub plugin_version: Option<&'a str>,
 }
 
+/// A journaled external call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// SHA-256 (hex) of the request that was sent.
+    pub request_hash: String,
+    /// The response body.
+    pub response: Vec<u8>,
+}
+
 /// A dead-lettered message.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
-    /// Row id, for `idem dlq show`.
+    /// Row id.
     pub id: i64,
     /// Plugin name.
     pub plugin: String,
@@ -174,7 +183,11 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// current (`false` otherwise, and nothing is recorded).
     async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError>;
     /// The journaled response of a step, if any.
-    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<Vec<u8>>, ClaimError>;
+    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<JournalEntry>, ClaimError>;
+    /// Whether `claim` is still current (read-only; a guard against sending
+    /// an external call after a takeover, not a substitute for the fenced
+    /// writes).
+    async fn fence_holds(&self, claim: &ClaimRef) -> Result<bool, ClaimError>;
     /// Journal a step's response; `false` if the fence is stale (nothing
     /// written). A response already journaled for the step is kept.
     async fn journal_put(

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 
-use super::{ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest};
+use super::{ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest, JournalEntry};
 
 /// The SQLite claim store.
 pub struct SqliteClaims {
@@ -65,7 +65,10 @@ pub(crate) async fn fence_holds(tx: &mut Transaction<'static, Sqlite>, claim: &C
 #[async_trait]
 impl ClaimStore for SqliteClaims {
     async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError> {
+        let waiting = std::time::Instant::now();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        // Leases start when the lock is held, not when it was asked for.
+        let now = now + waiting.elapsed().as_millis() as i64;
         let mut out = Vec::with_capacity(requests.len());
         for r in requests {
             let existing = sqlx::query(include_str!("../../queries/sqlite/claim_get.sql"))
@@ -287,13 +290,30 @@ impl ClaimStore for SqliteClaims {
         Ok(out)
     }
 
-    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<Vec<u8>>, ClaimError> {
-        Ok(sqlx::query_scalar(include_str!("../../queries/sqlite/journal_get.sql"))
+    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<JournalEntry>, ClaimError> {
+        let row = sqlx::query(include_str!("../../queries/sqlite/journal_get.sql"))
             .bind(plugin)
             .bind(key)
             .bind(step)
             .fetch_optional(&self.pool)
-            .await?)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(JournalEntry {
+                request_hash: r.try_get("request_hash")?,
+                response: r.try_get("response")?,
+            }),
+            None => None,
+        })
+    }
+
+    async fn fence_holds(&self, claim: &ClaimRef) -> Result<bool, ClaimError> {
+        let n: i64 = sqlx::query_scalar(include_str!("../../queries/sqlite/fence_read.sql"))
+            .bind(&claim.plugin)
+            .bind(&claim.key)
+            .bind(claim.fence)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n == 1)
     }
 
     async fn journal_put(

@@ -147,6 +147,8 @@ pub enum Outcome {
     FenceLost,
     /// Fault injection stopped the execution as if the worker had died.
     Crashed,
+    /// The host could not run the handler (e.g. no free instance slot).
+    HostError(String),
 }
 
 /// Per-store state: WASI plumbing, limits and Idem's capabilities.
@@ -158,6 +160,9 @@ pub struct HostState {
     pub(crate) plugin: Arc<Plugin>,
     pub(crate) exec: Execution,
     cpu_ticks_left: u64,
+    /// Set by every host call: the tick that elapsed while the host worked
+    /// is not charged to the guest's CPU budget.
+    pub(crate) in_host: bool,
     pub(crate) log_lines: u32,
     pub(crate) log_dropped: u32,
     pub(crate) abort: Option<HostAbort>,
@@ -419,6 +424,7 @@ impl Runtime {
             plugin: plugin.clone(),
             exec: exec.clone(),
             cpu_ticks_left: cpu_ticks,
+            in_host: false,
             log_lines: 0,
             log_dropped: 0,
             abort: None,
@@ -436,6 +442,9 @@ impl Runtime {
                 s.abort = Some(HostAbort::CpuDeadline(s.plugin.limits.cpu_ms));
                 return Err(wasmtime::Error::new(HostAbort::CpuDeadline(s.plugin.limits.cpu_ms)));
             }
+            if std::mem::take(&mut s.in_host) {
+                return Ok(UpdateDeadline::Yield(1));
+            }
             s.cpu_ticks_left -= 1;
             Ok(UpdateDeadline::Yield(1))
         });
@@ -447,22 +456,48 @@ impl Runtime {
             headers: exec.headers.clone(),
             payload: exec.payload.clone(),
         };
-        let result = async {
-            let instance = plugin.pre.instantiate_async(&mut store).await?;
-            instance.call_handle(&mut store, &msg).await
-        }
-        .await;
+        let instance = match plugin.pre.instantiate_async(&mut store).await {
+            Ok(i) => i,
+            Err(e) if e.downcast_ref::<wasmtime::Trap>().is_none() && store.data().abort.is_none() => {
+                return Outcome::HostError(format!("cannot instantiate plugin {}: {e:#}", plugin.name));
+            }
+            Err(e) => return classify_trap(e, store.data(), &stderr),
+        };
+        let timeout = Duration::from_millis(limits.timeout_ms);
+        let result = match tokio::time::timeout(timeout, instance.call_handle(&mut store, &msg)).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Outcome::Trapped(format!(
+                    "timeout: the execution ran longer than limits.timeout_ms = {} (guest time plus host calls)",
+                    limits.timeout_ms
+                ))
+            }
+        };
         let state = store.data();
         if state.log_dropped > 0 {
             tracing::warn!(plugin = %plugin.name, key = %exec.key, dropped = state.log_dropped, "log lines over the limit were dropped");
         }
         match result {
             Ok(Ok(())) => Outcome::Done,
-            Ok(Err(bindings::idem::handler::types::HandlerError::Transient(m))) => Outcome::Transient(m),
-            Ok(Err(bindings::idem::handler::types::HandlerError::Permanent(m))) => Outcome::Permanent(m),
+            Ok(Err(bindings::idem::handler::types::HandlerError::Transient(m))) => Outcome::Transient(bounded(m)),
+            Ok(Err(bindings::idem::handler::types::HandlerError::Permanent(m))) => Outcome::Permanent(bounded(m)),
             Err(err) => classify_trap(err, state, &stderr),
         }
     }
+}
+
+/// Handler-supplied error text is kept to 4 KiB.
+fn bounded(mut message: String) -> String {
+    const MAX: usize = 4096;
+    if message.len() > MAX {
+        let mut cut = MAX;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str("… [truncated]");
+    }
+    message
 }
 
 /// Turn a wasmtime error into an outcome with a reason an operator can act on.

@@ -122,9 +122,12 @@ impl Worker {
     /// Consume until `shutdown` is cancelled, then wait for running
     /// handlers to settle.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<()> {
+        // The heartbeat has its own token: it must keep extending leases
+        // until the last running handler has settled, after shutdown began.
+        let heartbeat_stop = CancellationToken::new();
         let heartbeat = self.options.heartbeat.map(|every| {
             let this = self.clone();
-            let stop = shutdown.child_token();
+            let stop = heartbeat_stop.clone();
             tokio::spawn(async move { this.heartbeat_loop(every, stop).await })
         });
         let slots = Arc::new(Semaphore::new(self.options.concurrency));
@@ -142,11 +145,10 @@ impl Worker {
                     tracing::warn!(error = %e, retry_in = ?backoff, "fetch failed; retrying");
                     drop(first);
                     sleep_or_cancel(backoff, &shutdown).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
                     continue;
                 }
             };
-            backoff = self.options.poll_idle;
             if deliveries.is_empty() {
                 drop(first);
                 sleep_or_cancel(self.options.poll_idle, &shutdown).await;
@@ -159,7 +161,8 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            for (delivery, run) in self.admit(deliveries).await {
+            let (admitted, outage) = self.admit(deliveries).await;
+            for (delivery, run) in admitted {
                 let permit = permits.pop().expect("one slot per fetched delivery");
                 let this = self.clone();
                 tasks.spawn(async move {
@@ -167,21 +170,33 @@ impl Worker {
                     drop(permit);
                 });
             }
-            while tasks.try_join_next().is_some() {}
+            while let Some(done) = tasks.try_join_next() {
+                if let Err(e) = done {
+                    tracing::error!(error = %e, "a handler task panicked; its delivery will be redelivered");
+                }
+            }
+            if outage {
+                // G8 reject: back off instead of fetching and nacking in a loop.
+                sleep_or_cancel(backoff, &shutdown).await;
+                backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
+            } else {
+                backoff = self.options.poll_idle;
+            }
         }
         while tasks.join_next().await.is_some() {}
+        heartbeat_stop.cancel();
         if let Some(h) = heartbeat {
-            h.abort();
+            let _ = h.await;
         }
         Ok(())
     }
 
     /// Validate and claim a batch; settle what needs no execution and
     /// return what should run.
-    async fn admit(&self, deliveries: Vec<Delivery>) -> Vec<(Delivery, Admitted)> {
+    /// The flag is true when the claim store was unreachable.
+    async fn admit(&self, deliveries: Vec<Delivery>) -> (Vec<(Delivery, Admitted)>, bool) {
         let c = &self.counters;
         c.deliveries.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
-        let now = now_ms();
         let mut to_claim: Vec<(Delivery, Arc<Plugin>, String, String)> = Vec::new();
         let mut rejected: Vec<(Delivery, String, String)> = Vec::new();
         for d in deliveries {
@@ -210,7 +225,7 @@ impl Worker {
                     plugin_version: None,
                 })
                 .collect();
-            match self.backends.claims.dead_letter(&items, now).await {
+            match self.backends.claims.dead_letter(&items, now_ms()).await {
                 Ok(_) => {
                     for (d, _, reason) in &rejected {
                         tracing::warn!(msg_id = %d.envelope.id, handler = %d.envelope.handler, %reason, "dead-lettered bad input");
@@ -227,7 +242,7 @@ impl Worker {
             }
         }
         if to_claim.is_empty() {
-            return Vec::new();
+            return (Vec::new(), false);
         }
         let requests: Vec<ClaimRequest> = to_claim
             .iter()
@@ -244,9 +259,9 @@ impl Worker {
                 plugin_version: &plugin.version,
             })
             .collect();
-        let outcomes = match self.backends.claims.claim(&requests, now).await {
+        let outcomes = match self.backends.claims.claim(&requests, now_ms()).await {
             Ok(o) => o,
-            Err(e) => return self.claim_outage(to_claim, e).await,
+            Err(e) => return (self.claim_outage(to_claim, e).await, true),
         };
         let mut run = Vec::new();
         let mut acks = Vec::new();
@@ -294,7 +309,7 @@ impl Worker {
             }
         }
         self.ack(acks.iter().map(String::as_str).collect()).await;
-        run
+        (run, false)
     }
 
     /// G8: the claim store is unreachable.
@@ -303,9 +318,9 @@ impl Worker {
         batch: Vec<(Delivery, Arc<Plugin>, String, String)>,
         error: crate::claim::ClaimError,
     ) -> Vec<(Delivery, Admitted)> {
-        Counters::inc(&self.counters.outage_decisions);
         let mut run = Vec::new();
         for (d, plugin, key, _) in batch {
+            Counters::inc(&self.counters.outage_decisions);
             let unguarded = self.options.outage_policy == OutagePolicy::RunUnguarded && plugin.grants.endpoints.is_empty();
             if unguarded {
                 tracing::warn!(error = %error, msg_id = %d.envelope.id, "claim store unreachable: running unguarded (outage_policy = run-unguarded)");
@@ -357,6 +372,7 @@ impl Worker {
         Counters::inc(&c.executions);
         let interrupt = Arc::new(AtomicBool::new(false));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let _registered = InFlightGuard { worker: &self, id };
         if let Some(claim) = &a.claim {
             self.in_flight.lock().expect("in-flight map poisoned").insert(
                 id,
@@ -378,7 +394,7 @@ impl Worker {
             interrupt,
         };
         let outcome = self.runtime.execute(&self.caps, &a.plugin, exec).instrument(span.clone()).await;
-        self.in_flight.lock().expect("in-flight map poisoned").remove(&id);
+        drop(_registered);
         self.settle(d, a, outcome).instrument(span).await;
     }
 
@@ -425,6 +441,12 @@ impl Worker {
             }
             Outcome::Crashed => {
                 tracing::info!("simulated crash: abandoning the execution without settling");
+            }
+            Outcome::HostError(reason) => {
+                // Not the plugin's fault (e.g. no free instance slot): retry
+                // without counting a trap.
+                tracing::warn!(%reason, "host error before the handler ran");
+                self.retry_or_dead_letter(&d, &a, &claim, &reason, false).await
             }
         }
     }
@@ -549,6 +571,21 @@ impl Worker {
             if let Err(e) = self.backends.broker.extend(&refs, self.options.visibility).await {
                 tracing::warn!(error = %e, "visibility extension failed");
             }
+        }
+    }
+}
+
+/// Removes an execution from the heartbeat's map however it ends (a panic
+/// included), so a dead execution's lease is never extended.
+struct InFlightGuard<'a> {
+    worker: &'a Worker,
+    id: u64,
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.worker.in_flight.lock() {
+            map.remove(&self.id);
         }
     }
 }

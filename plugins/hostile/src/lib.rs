@@ -4,7 +4,8 @@
 //! the CPU deadline), `memory` allocates until the memory limit, `recursion`
 //! recurses without bound, `ungranted-collection` and `ungranted-endpoint`
 //! use capabilities the plugin was not granted, `huge-log` floods the log,
-//! `huge-stdout` floods standard output; `ok` writes one granted value.
+//! `huge-stdout` floods standard output, `host-call-loop` calls the host
+//! forever (stopped by the wall-clock timeout); `ok` writes one granted value.
 
 use idem_sdk::{effects, log, store, Message, Result};
 use serde::Deserialize;
@@ -51,6 +52,9 @@ fn handle(msg: Message) -> Result<()> {
             let _: serde_json::Value = effects::call("exfiltrate", "send", &serde_json::json!({}))?;
             Ok(())
         }
+        "host-call-loop" => loop {
+            std::hint::black_box(store::collection("hostile").get_bytes("nothing")?);
+        },
         "huge-log" => {
             let line = "x".repeat(64 * 1024);
             for _ in 0..10_000 {

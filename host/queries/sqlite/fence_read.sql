@@ -1,0 +1,2 @@
+-- ?1 plugin, ?2 key, ?3 fence
+SELECT COUNT(*) FROM claims WHERE plugin = ?1 AND key = ?2 AND fence = ?3 AND state = 'running'
