@@ -213,9 +213,45 @@ pub struct PluginConfig {
     /// `/payment_id`); the message id when unset.
     #[serde(default)]
     pub key_pointer: Option<String>,
-    /// Overrides of the global sandbox limits.
+    /// Overrides of the global sandbox limits; unset fields keep the
+    /// global value.
     #[serde(default)]
-    pub limits: Option<Limits>,
+    pub limits: Option<LimitsOverride>,
+}
+
+/// Per-plugin limits: each set field replaces the global one.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsOverride {
+    /// See [`Limits::cpu_ms`].
+    pub cpu_ms: Option<u64>,
+    /// See [`Limits::timeout_ms`].
+    pub timeout_ms: Option<u64>,
+    /// See [`Limits::memory_bytes`].
+    pub memory_bytes: Option<u64>,
+    /// See [`Limits::max_payload_bytes`].
+    pub max_payload_bytes: Option<usize>,
+    /// See [`Limits::max_value_bytes`].
+    pub max_value_bytes: Option<usize>,
+    /// See [`Limits::max_log_lines`].
+    pub max_log_lines: Option<u32>,
+    /// See [`Limits::max_log_line_bytes`].
+    pub max_log_line_bytes: Option<usize>,
+}
+
+impl LimitsOverride {
+    /// `base` with this override's set fields.
+    pub fn apply(&self, base: &Limits) -> Limits {
+        Limits {
+            cpu_ms: self.cpu_ms.unwrap_or(base.cpu_ms),
+            timeout_ms: self.timeout_ms.unwrap_or(base.timeout_ms),
+            memory_bytes: self.memory_bytes.unwrap_or(base.memory_bytes),
+            max_payload_bytes: self.max_payload_bytes.unwrap_or(base.max_payload_bytes),
+            max_value_bytes: self.max_value_bytes.unwrap_or(base.max_value_bytes),
+            max_log_lines: self.max_log_lines.unwrap_or(base.max_log_lines),
+            max_log_line_bytes: self.max_log_line_bytes.unwrap_or(base.max_log_line_bytes),
+        }
+    }
 }
 
 impl Config {
@@ -300,9 +336,38 @@ impl Config {
 
     /// The limits for one plugin.
     pub fn limits_for(&self, plugin: &str) -> Limits {
-        self.plugins
-            .get(plugin)
-            .and_then(|p| p.limits.clone())
-            .unwrap_or_else(|| self.limits.clone())
+        match self.plugins.get(plugin).and_then(|p| p.limits.as_ref()) {
+            Some(o) => o.apply(&self.limits),
+            None => self.limits.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_limits_override_only_what_they_set() {
+        let text = r#"
+            [limits]
+            cpu_ms = 500
+            max_log_lines = 7
+            [plugins.a]
+            path = "a.wasm"
+            [plugins.a.limits]
+            cpu_ms = 900
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        let a = config.limits_for("a");
+        assert_eq!(a.cpu_ms, 900);
+        assert_eq!(a.max_log_lines, 7, "unset fields keep the global value");
+        assert_eq!(config.limits_for("other").cpu_ms, 500);
+    }
+
+    #[test]
+    fn unknown_settings_are_refused_by_name() {
+        let err = toml::from_str::<Config>("[worker]\nconcurency = 2\n").unwrap_err().to_string();
+        assert!(err.contains("concurency"), "{err}");
     }
 }
