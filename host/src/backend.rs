@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::broker::Broker;
 use crate::claim::ClaimStore;
-use crate::config::Config;
+use crate::config::{BrokerKind, Config, StoreKind};
 use crate::store::DataStore;
 
 /// The three roles a worker needs.
@@ -50,12 +51,89 @@ pub async fn open_sqlite(config: &Config) -> Result<SqlitePool> {
     Ok(pool)
 }
 
-/// The embedded backends, all on one SQLite file.
+/// Connect to Postgres, create the namespace's schema if needed, and apply
+/// the migrations inside it. `setting` names the config section for errors.
+pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, setting: &str) -> Result<PgPool> {
+    let base = PgConnectOptions::from_str(url)
+        .with_context(|| format!("{setting}.url {url:?} is not a valid Postgres URL (postgres://user:password@host:port/database)"))?;
+    let hint = || {
+        format!("cannot connect to Postgres at {setting}.url = {url:?}: check that the server is running and the user, password and database are right")
+    };
+    {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect_with(&base).await.with_context(hint)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA IF NOT EXISTS \"{namespace}\"")))
+            .execute(&mut conn)
+            .await
+            .or_else(|e| match &e {
+                // Two processes creating the schema at once: one wins.
+                sqlx::Error::Database(d) if d.code().as_deref() == Some("23505") || d.code().as_deref() == Some("42P06") => Ok(Default::default()),
+                _ => Err(e),
+            })
+            .with_context(|| format!("cannot create schema {namespace:?} (namespace) in {setting}.url"))?;
+        conn.close().await.ok();
+    }
+    let options = base.options([("search_path", namespace)]);
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections.max(2))
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .with_context(hint)?;
+    let mut lock = pool.acquire().await.with_context(hint)?;
+    // Serialise migrations of concurrent starters on one advisory lock.
+    sqlx::query("SELECT pg_advisory_lock(hashtext(current_schema()))").execute(&mut *lock).await?;
+    let migrated = sqlx::migrate!("./migrations/postgres").run(&mut *lock).await;
+    sqlx::query("SELECT pg_advisory_unlock(hashtext(current_schema()))").execute(&mut *lock).await?;
+    migrated.with_context(|| format!("cannot migrate schema {namespace:?} in {setting}.url"))?;
+    drop(lock);
+    Ok(pool)
+}
+
+/// The backends a configuration names.
 pub async fn open(config: &Config) -> Result<Backends> {
-    let pool = open_sqlite(config).await?;
-    Ok(Backends {
-        broker: Arc::new(crate::broker::sqlite::SqliteBroker::new(pool.clone())),
-        claims: Arc::new(crate::claim::sqlite::SqliteClaims::new(pool.clone())),
-        data: Arc::new(crate::store::sqlite::SqliteData::new(pool)),
-    })
+    let ns = &config.namespace;
+    let uses_sqlite =
+        config.broker.kind == BrokerKind::Sqlite || config.claims.kind == StoreKind::Sqlite || config.data.kind == StoreKind::Sqlite;
+    let sqlite = if uses_sqlite { Some(open_sqlite(config).await?) } else { None };
+    let sqlite_pool = || sqlite.clone().expect("opened above");
+
+    let claims_pg = if config.claims.kind == StoreKind::Postgres {
+        Some(open_postgres(config.claims.url("claims")?, ns, config.claims.max_connections, "claims").await?)
+    } else {
+        None
+    };
+
+    let broker: Arc<dyn Broker> = match config.broker.kind {
+        BrokerKind::Sqlite => Arc::new(crate::broker::sqlite::SqliteBroker::new(sqlite_pool())),
+        BrokerKind::Redis => Arc::new(crate::broker::redis::RedisBroker::connect(config.broker.url()?, ns).await?),
+        BrokerKind::Rabbitmq => Arc::new(crate::broker::amqp::AmqpBroker::connect(config.broker.url()?, ns).await?),
+        BrokerKind::Nats => Arc::new(crate::broker::nats::NatsBroker::connect(config.broker.url()?, ns, config.worker.visibility()).await?),
+    };
+    let claims: Arc<dyn ClaimStore> = match config.claims.kind {
+        StoreKind::Sqlite => Arc::new(crate::claim::sqlite::SqliteClaims::new(sqlite_pool())),
+        StoreKind::Postgres => Arc::new(crate::claim::postgres::PgClaims::new(claims_pg.clone().expect("opened above"))),
+        StoreKind::Redis => Arc::new(crate::claim::redis::RedisClaims::connect(config.claims.url("claims")?, ns).await?),
+    };
+    let data: Arc<dyn DataStore> = match config.data.kind {
+        StoreKind::Sqlite => Arc::new(crate::store::sqlite::SqliteData::new(sqlite_pool())),
+        StoreKind::Postgres => {
+            let url = config.data.url("data")?;
+            match (&claims_pg, config.claims.url.as_deref()) {
+                // Same database as the claims: the fence is checked against
+                // the claim row, in the write's transaction.
+                (Some(pool), Some(claims_url)) if claims_url == url => {
+                    Arc::new(crate::store::postgres::PgData::new(pool.clone(), crate::store::postgres::Fencing::ClaimRow))
+                }
+                // Claims elsewhere (Redis): the store keeps the highest fence
+                // seen per key and refuses writes that present a lower one.
+                _ => {
+                    let pool = open_postgres(url, ns, config.data.max_connections, "data").await?;
+                    Arc::new(crate::store::postgres::PgData::new(pool, crate::store::postgres::Fencing::Token))
+                }
+            }
+        }
+        StoreKind::Redis => anyhow::bail!("data.kind = \"redis\" is not supported"),
+    };
+    Ok(Backends { broker, claims, data })
 }

@@ -13,11 +13,20 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Where the embedded backend keeps its queue, claims, journal, dead
-    /// letters and data.
+    /// Names this deployment's resources: the Postgres schema, the Redis
+    /// key prefix, the RabbitMQ queue names, the NATS stream. Workers that
+    /// share a queue share a namespace.
+    pub namespace: String,
+    /// Where deliveries come from.
+    pub broker: BrokerConfig,
+    /// Where claims, the effect journal and dead letters live.
+    pub claims: StoreConfig,
+    /// Where plugin data lives.
+    pub data: StoreConfig,
+    /// The embedded SQLite file (used by every role whose kind is `sqlite`).
     pub database: DatabaseConfig,
     /// Worker pool: concurrency, leases, heartbeat.
     pub worker: WorkerConfig,
@@ -29,6 +38,98 @@ pub struct Config {
     pub endpoints: BTreeMap<String, EndpointConfig>,
     /// Loaded plugins, by name (the name messages are published to).
     pub plugins: BTreeMap<String, PluginConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            namespace: "idem".into(),
+            broker: BrokerConfig::default(),
+            claims: StoreConfig::default(),
+            data: StoreConfig::default(),
+            database: DatabaseConfig::default(),
+            worker: WorkerConfig::default(),
+            retry: RetryConfig::default(),
+            limits: Limits::default(),
+            endpoints: BTreeMap::new(),
+            plugins: BTreeMap::new(),
+        }
+    }
+}
+
+/// Which broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerKind {
+    /// A queue table in the embedded SQLite file.
+    #[default]
+    Sqlite,
+    /// Redis Streams with a consumer group.
+    Redis,
+    /// RabbitMQ (AMQP 0.9.1).
+    Rabbitmq,
+    /// NATS JetStream, durable pull consumer.
+    Nats,
+}
+
+/// `[broker]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    /// `sqlite` (default), `redis`, `rabbitmq` or `nats`.
+    pub kind: BrokerKind,
+    /// Server URL, e.g. `redis://127.0.0.1:6379`,
+    /// `amqp://guest:guest@127.0.0.1:5672/%2f`, `nats://127.0.0.1:4222`.
+    pub url: Option<String>,
+}
+
+/// Which store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// The embedded SQLite file.
+    #[default]
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+    /// Redis (claims only).
+    Redis,
+}
+
+/// `[claims]` and `[data]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `sqlite` (default), `postgres`, or `redis` (claims only).
+    pub kind: StoreKind,
+    /// Server URL, e.g. `postgres://user@127.0.0.1:5432/db`.
+    pub url: Option<String>,
+    /// Connections in the pool (Postgres).
+    pub max_connections: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { kind: StoreKind::Sqlite, url: None, max_connections: 16 }
+    }
+}
+
+impl StoreConfig {
+    /// The URL, or an error naming the setting.
+    pub fn url(&self, section: &str) -> Result<&str> {
+        self.url
+            .as_deref()
+            .with_context(|| format!("[{section}] kind = {:?} needs a url: set {section}.url", self.kind))
+    }
+}
+
+impl BrokerConfig {
+    /// The URL, or an error naming the setting.
+    pub fn url(&self) -> Result<&str> {
+        self.url
+            .as_deref()
+            .with_context(|| format!("[broker] kind = {:?} needs a url: set broker.url", self.kind))
+    }
 }
 
 /// The embedded SQLite database.
@@ -278,6 +379,18 @@ impl Config {
 
     /// Apply `IDEM_*` environment overrides.
     pub fn apply_env(&mut self) -> Result<()> {
+        if let Ok(v) = std::env::var("IDEM_NAMESPACE") {
+            self.namespace = v;
+        }
+        if let Ok(v) = std::env::var("IDEM_BROKER_URL") {
+            self.broker.url = Some(v);
+        }
+        if let Ok(v) = std::env::var("IDEM_CLAIMS_URL") {
+            self.claims.url = Some(v);
+        }
+        if let Ok(v) = std::env::var("IDEM_DATA_URL") {
+            self.data.url = Some(v);
+        }
         if let Ok(v) = std::env::var("IDEM_DATABASE_PATH") {
             self.database.path = PathBuf::from(v);
         }
@@ -291,6 +404,31 @@ impl Config {
 
     /// Check the settings that would otherwise fail later and less clearly.
     pub fn validate(&self) -> Result<()> {
+        if self.namespace.is_empty() || !self.namespace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            bail!("namespace must be letters, digits and '_' (it names a Postgres schema, Redis keys, queues and streams), got {:?}", self.namespace);
+        }
+        match (self.claims.kind, self.data.kind) {
+            (StoreKind::Redis, StoreKind::Redis) | (_, StoreKind::Redis) => {
+                bail!("data.kind = \"redis\" is not supported: plugin data lives in sqlite or postgres")
+            }
+            (StoreKind::Sqlite, StoreKind::Postgres) | (StoreKind::Postgres, StoreKind::Sqlite) | (StoreKind::Redis, StoreKind::Sqlite) => {
+                bail!(
+                    "claims.kind = {:?} with data.kind = {:?} is not supported: use the same database for both, or redis claims with postgres data",
+                    self.claims.kind,
+                    self.data.kind
+                )
+            }
+            _ => {}
+        }
+        if self.broker.kind != BrokerKind::Sqlite {
+            self.broker.url()?;
+        }
+        if self.claims.kind != StoreKind::Sqlite {
+            self.claims.url("claims")?;
+        }
+        if self.data.kind != StoreKind::Sqlite {
+            self.data.url("data")?;
+        }
         if self.worker.concurrency == 0 {
             bail!("worker.concurrency must be at least 1");
         }

@@ -161,3 +161,33 @@ pub async fn drain(pool: &Pool) {
 pub async fn state(pool: &Pool, plugin: &str, key: &str) -> Option<String> {
     pool.backends.claims.state(plugin, key).await.unwrap()
 }
+
+/// URLs of the real services the tests run against (the machine's own, or
+/// the ones `.ci/run` started).
+pub mod services {
+    fn var(name: &str, default: &str) -> String {
+        std::env::var(name).unwrap_or_else(|_| default.to_string())
+    }
+    /// Postgres.
+    pub fn postgres() -> String {
+        var("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+    }
+    /// Redis.
+    pub fn redis() -> String {
+        var("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+    }
+    /// RabbitMQ.
+    pub fn amqp() -> String {
+        var("IDEM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+    }
+    /// NATS with JetStream.
+    pub fn nats() -> String {
+        var("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
+    }
+}
+
+/// A namespace no other test uses: tests share servers, never keys,
+/// schemas, queues or streams.
+pub fn unique_namespace(tag: &str) -> String {
+    format!("t_{tag}_{}", uuid::Uuid::new_v4().simple().to_string().get(..12).unwrap())
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_host::backend::Backends;
 use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
-use idem_host::config::Config;
+use idem_host::config::{Config, StoreConfig, StoreKind};
 use idem_host::envelope::{payload_hash, Envelope};
 use idem_host::store::{DataError, Inserted};
 
@@ -35,7 +35,7 @@ fn request<'a>(key: &'a str, hash: &'a str, payload: &'a [u8], max_attempts: u32
     }
 }
 
-async fn claim_store_conformance(b: &Backends) {
+pub async fn claim_store_conformance(b: &Backends) {
     let claims = &b.claims;
     let payload = b"{\"n\":1}";
     let hash = payload_hash(payload);
@@ -88,6 +88,8 @@ async fn claim_store_conformance(b: &Backends) {
         }]
     );
     let f2 = ClaimRef { fence: 2, ..f1.clone() };
+    // What the worker does before running a taken-over claim.
+    b.data.advance_fence(&f2).await.unwrap();
 
     // The old fence can no longer extend, journal, write, confirm, release or dead-letter.
     assert_eq!(
@@ -226,7 +228,7 @@ async fn claim_store_conformance(b: &Backends) {
     assert_eq!((counts.done, counts.dead, counts.running, counts.dead_letters), (1, 2, 0, 3));
 }
 
-async fn data_store_conformance(b: &Backends) {
+pub async fn data_store_conformance(b: &Backends) {
     let d = &b.data;
     assert_eq!(d.insert_unique(None, "users", "u1", b"alice").await.unwrap(), Inserted::Inserted);
     assert_eq!(
@@ -245,7 +247,7 @@ async fn data_store_conformance(b: &Backends) {
     assert_eq!(d.scan(evil).await.unwrap(), vec![(evil.to_string(), b"v".to_vec())]);
 }
 
-async fn broker_conformance(b: &Backends) {
+pub async fn broker_conformance(b: &Backends) {
     let broker = &b.broker;
     let e = |id: &str| Envelope {
         id: id.into(),
@@ -313,4 +315,105 @@ async fn sqlite_data_store_conforms() {
 async fn sqlite_broker_conforms() {
     let (_dir, b) = sqlite().await;
     broker_conformance(&b).await;
+}
+
+/// Backends on the real servers, in a namespace of their own (a Postgres
+/// schema, a Redis key prefix), dropped at the end.
+pub struct Served {
+    pub backends: Backends,
+    pub config: Config,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    pub async fn open(claims: StoreKind, data: StoreKind) -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.namespace = crate::common::unique_namespace("conf");
+        config.database.path = dir.path().join("conformance.db");
+        config.claims = StoreConfig { kind: claims, url: Some(url(claims)), max_connections: 8 };
+        config.data = StoreConfig { kind: data, url: Some(url(data)), max_connections: 8 };
+        let backends = idem_host::backend::open(&config).await.unwrap();
+        Served { backends, config, _dir: dir }
+    }
+
+    pub async fn cleanup(self) {
+        let ns = &self.config.namespace;
+        if self.config.claims.kind == StoreKind::Postgres || self.config.data.kind == StoreKind::Postgres {
+            let pool = sqlx::PgPool::connect(&crate::common::services::postgres()).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{ns}\" CASCADE"))).execute(&pool).await.unwrap();
+        }
+        if self.config.claims.kind == StoreKind::Redis {
+            let client = redis::Client::open(crate::common::services::redis()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{ns}:*")).query_async(&mut conn).await.unwrap();
+            if !keys.is_empty() {
+                let _: () = redis::cmd("DEL").arg(keys).query_async(&mut conn).await.unwrap();
+            }
+        }
+    }
+}
+
+fn url(kind: StoreKind) -> String {
+    match kind {
+        StoreKind::Postgres => crate::common::services::postgres(),
+        StoreKind::Redis => crate::common::services::redis(),
+        StoreKind::Sqlite => String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claim_store_conforms() {
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    claim_store_conformance(&s.backends).await;
+    s.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_data_store_conforms() {
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    data_store_conformance(&s.backends).await;
+    s.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_claim_store_with_postgres_data_conforms() {
+    let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
+    claim_store_conformance(&s.backends).await;
+    s.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_data_store_with_fencing_tokens_conforms() {
+    let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
+    data_store_conformance(&s.backends).await;
+    s.cleanup().await;
+}
+
+/// Concurrent claims of the same keys from two connections never both win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_and_redis_claims_are_exclusive_under_concurrency() {
+    for kind in [StoreKind::Postgres, StoreKind::Redis] {
+        let s = Served::open(kind, StoreKind::Postgres).await;
+        let payload = b"x";
+        let hash = payload_hash(payload);
+        let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+        let run = |reverse: bool| {
+            let claims = s.backends.claims.clone();
+            let keys = keys.clone();
+            let hash = hash.clone();
+            async move {
+                let mut keys = keys;
+                if reverse {
+                    keys.reverse();
+                }
+                let reqs: Vec<ClaimRequest> = keys.iter().map(|k| request(k, &hash, payload, 3)).collect();
+                claims.claim(&reqs, 1_000_000).await.unwrap()
+            }
+        };
+        let (a, b) = tokio::join!(run(false), run(true));
+        let won = |o: &Vec<ClaimOutcome>| o.iter().filter(|x| matches!(x, ClaimOutcome::Acquired { .. })).count();
+        assert_eq!(won(&a) + won(&b), 50, "{kind:?}: every key acquired exactly once");
+        s.cleanup().await;
+    }
 }

@@ -5,6 +5,9 @@
 mod common;
 
 mod bad_input;
+mod broker_amqp;
+mod broker_nats;
+mod broker_redis;
 mod cli;
 mod conformance;
 mod crash;

@@ -4,6 +4,9 @@
 //! visibility timeout is delivered again, possibly while the first delivery
 //! is still being handled. Idem never relies on a broker delivering once.
 
+pub mod amqp;
+pub mod nats;
+pub mod redis;
 pub mod sqlite;
 
 use std::time::Duration;

@@ -8,6 +8,8 @@
 //! payload is a conflict). Every change after the claim names the fence it
 //! expects; a stale fence changes nothing.
 
+pub mod postgres;
+pub mod redis;
 pub mod sqlite;
 
 use async_trait::async_trait;

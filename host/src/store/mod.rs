@@ -1,6 +1,7 @@
 //! The plugin data store: collections of opaque values, with writes that
 //! commit only while the writer's claim is current.
 
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -53,6 +54,14 @@ pub trait DataStore: Send + Sync + 'static {
     async fn get(&self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, DataError>;
     /// Delete the key; true if it existed.
     async fn delete(&self, claim: Option<&ClaimRef>, collection: &str, key: &str) -> Result<bool, DataError>;
+    /// Tell the store that `claim`'s fence is now the current one, before
+    /// its execution starts. Stores that check fences against claims in
+    /// another system (fencing tokens) refuse lower fences from then on, so
+    /// a taken-over execution cannot write once its successor has started.
+    /// Stores that check the claim row itself need nothing.
+    async fn advance_fence(&self, _claim: &ClaimRef) -> Result<(), DataError> {
+        Ok(())
+    }
     /// Every key and value of a collection (for inspection and tests).
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError>;
 }

@@ -393,7 +393,14 @@ impl Worker {
             claim: a.claim.clone(),
             interrupt,
         };
-        let outcome = self.runtime.execute(&self.caps, &a.plugin, exec).instrument(span.clone()).await;
+        let outcome = match &a.claim {
+            // A takeover: make the data store refuse the previous owner first.
+            Some(claim) if claim.fence > 1 => match self.backends.data.advance_fence(claim).await {
+                Ok(()) => self.runtime.execute(&self.caps, &a.plugin, exec).instrument(span.clone()).await,
+                Err(e) => Outcome::HostError(format!("cannot advance the fence in the data store: {e}")),
+            },
+            _ => self.runtime.execute(&self.caps, &a.plugin, exec).instrument(span.clone()).await,
+        };
         drop(_registered);
         self.settle(d, a, outcome).instrument(span).await;
     }

@@ -1,0 +1,81 @@
+-- Claim a batch of deliveries (one round trip, atomic).
+-- KEYS[1]   hash of claim counts by state
+-- KEYS[2]   dead-letter id sequence
+-- KEYS[3]   list of dead-letter ids, newest first
+-- KEYS[3+i] claim hash of request i
+-- ARGV[1]   now (ms)
+-- ARGV[2]   key prefix of dead-letter hashes
+-- ARGV[3+10(i-1) ..] per request: plugin, key, msg_id, payload_hash, owner,
+--           lease_ms, max_attempts, plugin_version, headers (JSON), payload
+-- Returns per request: {"acquired", fence, attempt, traps} | {"done"} |
+--   {"dead"} | {"busy", retry_after_ms} | {"conflict"} | {"exhausted", attempts}
+local now = tonumber(ARGV[1])
+local dl_prefix = ARGV[2]
+local out = {}
+
+local function dead_letter(plugin, key, msg_id, headers, payload, reason, attempts, version, first_seen)
+  local id = redis.call('INCR', KEYS[2])
+  redis.call('HSET', dl_prefix .. id, 'id', id, 'plugin', plugin, 'key', key, 'msg_id', msg_id,
+    'headers', headers, 'payload', payload, 'reason', reason, 'attempts', attempts,
+    'plugin_version', version, 'first_seen_at', first_seen, 'dead_at', now)
+  redis.call('LPUSH', KEYS[3], id)
+end
+
+local function move(from, to)
+  if from ~= to then
+    redis.call('HINCRBY', KEYS[1], from, -1)
+    redis.call('HINCRBY', KEYS[1], to, 1)
+  end
+end
+
+for i = 1, #KEYS - 3 do
+  local b = 2 + (i - 1) * 10
+  local plugin, key, msg_id, hash, owner = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local lease_ms, max_attempts, version = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), ARGV[b + 8]
+  local headers, payload = ARGV[b + 9], ARGV[b + 10]
+  local ck = KEYS[3 + i]
+  local c = redis.call('HMGET', ck, 'payload_hash', 'state', 'fence', 'lease_until', 'not_before',
+    'attempts', 'traps', 'last_error', 'created_at')
+  if not c[2] then
+    redis.call('HSET', ck, 'msg_id', msg_id, 'payload_hash', hash, 'state', 'running', 'fence', 1,
+      'owner', owner, 'lease_until', now + lease_ms, 'not_before', 0, 'attempts', 1, 'traps', 0,
+      'plugin_version', version, 'created_at', now, 'updated_at', now)
+    redis.call('HINCRBY', KEYS[1], 'running', 1)
+    out[i] = {'acquired', 1, 1, 0}
+  elseif c[1] ~= hash then
+    local reason = 'conflict: key "' .. key .. '" of plugin ' .. plugin ..
+      ' was first seen with a different payload (sha256 ' .. string.sub(c[1], 1, 12) ..
+      '…, this delivery ' .. string.sub(hash, 1, 12) .. '…); a reused key is not a duplicate'
+    dead_letter(plugin, key, msg_id, headers, payload, reason, 0, version, now)
+    out[i] = {'conflict'}
+  else
+    local state, fence = c[2], tonumber(c[3])
+    local lease_until, not_before = tonumber(c[4]), tonumber(c[5])
+    local attempts, traps = tonumber(c[6]), tonumber(c[7])
+    if state == 'done' then
+      out[i] = {'done'}
+    elseif state == 'dead' then
+      out[i] = {'dead'}
+    elseif state == 'running' and lease_until > now then
+      out[i] = {'busy', lease_until - now}
+    elseif state == 'retry' and not_before > now then
+      out[i] = {'busy', not_before - now}
+    elseif attempts >= max_attempts then
+      local last = c[8]
+      if not last or last == '' then
+        last = 'the worker running it stopped (crash or kill) before settling'
+      end
+      local reason = 'attempts exhausted: ' .. attempts .. ' of ' .. max_attempts .. ' made; last error: ' .. last
+      redis.call('HSET', ck, 'state', 'dead', 'owner', '', 'lease_until', 0, 'last_error', reason, 'updated_at', now)
+      move(state, 'dead')
+      dead_letter(plugin, key, msg_id, headers, payload, reason, attempts, version, tonumber(c[9]))
+      out[i] = {'exhausted', attempts}
+    else
+      redis.call('HSET', ck, 'state', 'running', 'fence', fence + 1, 'attempts', attempts + 1,
+        'owner', owner, 'lease_until', now + lease_ms, 'plugin_version', version, 'updated_at', now)
+      move(state, 'running')
+      out[i] = {'acquired', fence + 1, attempts + 1, traps}
+    end
+  end
+end
+return out

@@ -1,0 +1,26 @@
+-- Record a dead letter; for a claimed message only if its fence is current,
+-- marking the claim dead in the same step.
+-- KEYS[1] hash of claim counts by state, KEYS[2] dead-letter id sequence,
+-- KEYS[3] list of dead-letter ids, KEYS[4] claim hash
+-- ARGV[1] fence ('' = not claimed), ARGV[2] plugin, ARGV[3] key, ARGV[4] msg_id,
+-- ARGV[5] headers, ARGV[6] payload, ARGV[7] reason, ARGV[8] plugin_version,
+-- ARGV[9] now, ARGV[10] key prefix of dead-letter hashes
+-- Returns 1 recorded, 0 stale
+local now = ARGV[9]
+local attempts, first_seen, version = 0, now, ARGV[8]
+if ARGV[1] ~= '' then
+  local c = redis.call('HMGET', KEYS[4], 'fence', 'state', 'attempts', 'created_at', 'plugin_version')
+  if not (c[1] and tonumber(c[1]) == tonumber(ARGV[1]) and c[2] == 'running') then
+    return 0
+  end
+  attempts, first_seen, version = c[3], c[4], c[5] or ARGV[8]
+  redis.call('HSET', KEYS[4], 'state', 'dead', 'owner', '', 'lease_until', 0, 'last_error', ARGV[7], 'updated_at', now)
+  redis.call('HINCRBY', KEYS[1], 'running', -1)
+  redis.call('HINCRBY', KEYS[1], 'dead', 1)
+end
+local id = redis.call('INCR', KEYS[2])
+redis.call('HSET', ARGV[10] .. id, 'id', id, 'plugin', ARGV[2], 'key', ARGV[3], 'msg_id', ARGV[4],
+  'headers', ARGV[5], 'payload', ARGV[6], 'reason', ARGV[7], 'attempts', attempts,
+  'plugin_version', version, 'first_seen_at', first_seen, 'dead_at', now)
+redis.call('LPUSH', KEYS[3], id)
+return 1

@@ -1,0 +1,15 @@
+-- Extend running claims whose fence is current.
+-- KEYS[i]   claim hash
+-- ARGV[1]   lease_until (ms), ARGV[2] now, ARGV[2+i] fence of claim i
+-- Returns per claim: 1 held and extended, 0 stale
+local out = {}
+for i = 1, #KEYS do
+  local c = redis.call('HMGET', KEYS[i], 'fence', 'state')
+  if c[1] and tonumber(c[1]) == tonumber(ARGV[2 + i]) and c[2] == 'running' then
+    redis.call('HSET', KEYS[i], 'lease_until', ARGV[1], 'updated_at', ARGV[2])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out

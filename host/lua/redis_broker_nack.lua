@@ -1,0 +1,51 @@
+-- Give a delivery back: re-queue a copy of its entry due at ARGV[5] and
+-- remove the original, but only if ARGV[2] still holds this delivery (a
+-- stale receipt, whose entry was acked, re-queued or taken over, changes
+-- nothing).
+-- KEYS[1]  stream
+-- KEYS[2]  delayed set (ZSET, score = due time in ms)
+-- ARGV[1]  consumer group
+-- ARGV[2]  consumer (this broker instance)
+-- ARGV[3]  entry id
+-- ARGV[4]  times delivered by the group, from the receipt
+-- ARGV[5]  due time (ms)
+-- ARGV[6]  now (ms)
+-- Returns 1 if the delivery was given back, 0 if the receipt was stale.
+local stream, delayed, group, consumer, id = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
+
+local p = redis.call('XPENDING', stream, group, id, id, 1, consumer)
+if not p[1] or tonumber(p[1][4]) ~= tonumber(ARGV[4]) then
+  return 0
+end
+
+local entry = redis.call('XRANGE', stream, id, id)
+if entry[1] and type(entry[1][2]) == 'table' then
+  -- The copy carries how often the message was delivered so far, so the
+  -- delivery count keeps growing across re-queues.
+  local fields, delivered = {}, 0
+  local src = entry[1][2]
+  for i = 1, #src, 2 do
+    if src[i] == 'delivered' then
+      delivered = tonumber(src[i + 1]) or 0
+    else
+      fields[#fields + 1] = src[i]
+      fields[#fields + 1] = src[i + 1]
+    end
+  end
+  fields[#fields + 1] = 'delivered'
+  fields[#fields + 1] = tostring(delivered + tonumber(p[1][4]))
+
+  if tonumber(ARGV[5]) <= tonumber(ARGV[6]) then
+    redis.call('XADD', stream, '*', unpack(fields))
+  else
+    -- Same encoding as publish (see redis_broker_promote.lua); the entry id
+    -- is the unique token.
+    local parts = {#id .. ':' .. id}
+    for _, f in ipairs(fields) do parts[#parts + 1] = #f .. ':' .. f end
+    redis.call('ZADD', delayed, ARGV[5], table.concat(parts))
+  end
+end
+
+redis.call('XACK', stream, group, id)
+redis.call('XDEL', stream, id)
+return 1

@@ -1,0 +1,3 @@
+-- $1 plugin, $2 key, $3 msg_id, $4 headers, $5 payload, $6 reason, $7 attempts, $8 plugin_version, $9 first_seen_at, $10 now
+INSERT INTO dead_letters (plugin, key, msg_id, headers, payload, reason, attempts, plugin_version, first_seen_at, dead_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)

@@ -1,0 +1,1 @@
+DELETE FROM kv WHERE collection = $1 AND key = $2

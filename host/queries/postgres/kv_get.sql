@@ -1,0 +1,1 @@
+SELECT value FROM kv WHERE collection = $1 AND key = $2

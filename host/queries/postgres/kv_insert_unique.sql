@@ -1,0 +1,2 @@
+INSERT INTO kv (collection, key, value, updated_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (collection, key) DO NOTHING

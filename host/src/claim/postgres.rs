@@ -1,0 +1,367 @@
+//! Claims, journal and dead letters in Postgres.
+//!
+//! A batch of claims is one transaction. Rows are locked (`FOR UPDATE`) in
+//! key order, so two workers claiming overlapping batches queue behind each
+//! other instead of deadlocking.
+
+use async_trait::async_trait;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use super::{ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest, JournalEntry};
+
+/// The Postgres claim store.
+pub struct PgClaims {
+    pool: PgPool,
+}
+
+impl PgClaims {
+    /// Use the claim tables of this pool's schema.
+    pub fn new(pool: PgPool) -> Self {
+        PgClaims { pool }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn insert_dead_letter(
+    tx: &mut Transaction<'static, Postgres>,
+    plugin: &str,
+    key: &str,
+    msg_id: &str,
+    headers: &[(String, String)],
+    payload: &[u8],
+    reason: &str,
+    attempts: i32,
+    plugin_version: Option<&str>,
+    first_seen_at: i64,
+    now: i64,
+) -> Result<(), ClaimError> {
+    sqlx::query(include_str!("../../queries/postgres/dead_letter_insert.sql"))
+        .bind(plugin)
+        .bind(key)
+        .bind(msg_id)
+        .bind(serde_json::to_string(headers).unwrap_or_else(|_| "[]".into()))
+        .bind(payload)
+        .bind(reason)
+        .bind(attempts)
+        .bind(plugin_version)
+        .bind(first_seen_at)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Check `claim`'s fence inside `tx`, share-locking the claim row.
+pub(crate) async fn fence_holds(tx: &mut Transaction<'static, Postgres>, claim: &ClaimRef) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query(include_str!("../../queries/postgres/fence_check.sql"))
+        .bind(&claim.plugin)
+        .bind(&claim.key)
+        .bind(claim.fence)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(row.is_some())
+}
+
+fn arrays(claims: &[ClaimRef]) -> (Vec<String>, Vec<String>, Vec<i64>) {
+    (
+        claims.iter().map(|c| c.plugin.clone()).collect(),
+        claims.iter().map(|c| c.key.clone()).collect(),
+        claims.iter().map(|c| c.fence).collect(),
+    )
+}
+
+fn answered(claims: &[ClaimRef], rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<bool>, ClaimError> {
+    let mut hit = std::collections::HashSet::new();
+    for r in rows {
+        hit.insert((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?));
+    }
+    Ok(claims.iter().map(|c| hit.contains(&(c.plugin.clone(), c.key.clone()))).collect())
+}
+
+#[async_trait]
+impl ClaimStore for PgClaims {
+    async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError> {
+        let waiting = std::time::Instant::now();
+        let mut tx = self.pool.begin().await?;
+        let now = now + waiting.elapsed().as_millis() as i64;
+        let mut order: Vec<usize> = (0..requests.len()).collect();
+        order.sort_by(|&a, &b| (requests[a].plugin, requests[a].key).cmp(&(requests[b].plugin, requests[b].key)).then(a.cmp(&b)));
+        let mut out = vec![ClaimOutcome::Done; requests.len()];
+        for i in order {
+            let r = &requests[i];
+            let inserted = sqlx::query(include_str!("../../queries/postgres/claim_insert.sql"))
+                .bind(r.plugin)
+                .bind(r.key)
+                .bind(r.msg_id)
+                .bind(r.payload_hash)
+                .bind(r.owner)
+                .bind(now + r.lease_ms)
+                .bind(r.plugin_version)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if inserted.is_some() {
+                out[i] = ClaimOutcome::Acquired { fence: 1, attempt: 1, traps: 0 };
+                continue;
+            }
+            let row = sqlx::query(include_str!("../../queries/postgres/claim_lock.sql"))
+                .bind(r.plugin)
+                .bind(r.key)
+                .fetch_one(&mut *tx)
+                .await?;
+            let hash: String = row.try_get("payload_hash")?;
+            let state: String = row.try_get("state")?;
+            let fence: i64 = row.try_get("fence")?;
+            let lease_until: i64 = row.try_get("lease_until")?;
+            let not_before: i64 = row.try_get("not_before")?;
+            let attempts: i32 = row.try_get("attempts")?;
+            let last_error: Option<String> = row.try_get("last_error")?;
+            let created_at: i64 = row.try_get("created_at")?;
+            if hash != r.payload_hash {
+                let reason = format!(
+                    "conflict: key {:?} of plugin {} was first seen with a different payload (sha256 {}…, this delivery {}…); a reused key is not a duplicate",
+                    r.key,
+                    r.plugin,
+                    &hash[..12.min(hash.len())],
+                    &r.payload_hash[..12.min(r.payload_hash.len())]
+                );
+                insert_dead_letter(&mut tx, r.plugin, r.key, r.msg_id, r.headers, r.payload, &reason, 0, Some(r.plugin_version), now, now)
+                    .await?;
+                out[i] = ClaimOutcome::Conflict;
+                continue;
+            }
+            out[i] = match state.as_str() {
+                "done" => ClaimOutcome::Done,
+                "dead" => ClaimOutcome::DeadLettered,
+                "running" if lease_until > now => ClaimOutcome::Busy { retry_after_ms: lease_until - now },
+                "retry" if not_before > now => ClaimOutcome::Busy { retry_after_ms: not_before - now },
+                _ if attempts as i64 >= r.max_attempts as i64 => {
+                    let reason = format!(
+                        "attempts exhausted: {attempts} of {} made; last error: {}",
+                        r.max_attempts,
+                        last_error.as_deref().unwrap_or("the worker running it stopped (crash or kill) before settling")
+                    );
+                    sqlx::query(include_str!("../../queries/postgres/claim_mark_dead.sql"))
+                        .bind(r.plugin)
+                        .bind(r.key)
+                        .bind(None::<i64>)
+                        .bind(&reason)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    insert_dead_letter(
+                        &mut tx,
+                        r.plugin,
+                        r.key,
+                        r.msg_id,
+                        r.headers,
+                        r.payload,
+                        &reason,
+                        attempts,
+                        Some(r.plugin_version),
+                        created_at,
+                        now,
+                    )
+                    .await?;
+                    ClaimOutcome::Exhausted { attempts: attempts as u32 }
+                }
+                _ => {
+                    let row = sqlx::query(include_str!("../../queries/postgres/claim_takeover.sql"))
+                        .bind(r.plugin)
+                        .bind(r.key)
+                        .bind(fence)
+                        .bind(r.owner)
+                        .bind(now + r.lease_ms)
+                        .bind(r.plugin_version)
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    ClaimOutcome::Acquired {
+                        fence: row.try_get("fence")?,
+                        attempt: row.try_get::<i32, _>("attempts")? as u32,
+                        traps: row.try_get::<i32, _>("traps")? as u32,
+                    }
+                }
+            };
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn extend(&self, claims: &[ClaimRef], lease_ms: i64, now: i64) -> Result<Vec<bool>, ClaimError> {
+        let (p, k, f) = arrays(claims);
+        let rows = sqlx::query(include_str!("../../queries/postgres/claim_extend.sql"))
+            .bind(p)
+            .bind(k)
+            .bind(f)
+            .bind(now + lease_ms)
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await?;
+        answered(claims, rows)
+    }
+
+    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
+        let (p, k, f) = arrays(claims);
+        let rows = sqlx::query(include_str!("../../queries/postgres/claim_confirm.sql"))
+            .bind(p)
+            .bind(k)
+            .bind(f)
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await?;
+        answered(claims, rows)
+    }
+
+    async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {
+        let r = sqlx::query(include_str!("../../queries/postgres/claim_release.sql"))
+            .bind(&claim.plugin)
+            .bind(&claim.key)
+            .bind(claim.fence)
+            .bind(not_before)
+            .bind(error)
+            .bind(trapped as i32)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(items.len());
+        for d in items {
+            let (attempts, first_seen, version) = match d.fence {
+                Some(fence) => {
+                    let row = sqlx::query(include_str!("../../queries/postgres/claim_mark_dead.sql"))
+                        .bind(d.plugin)
+                        .bind(d.key)
+                        .bind(fence)
+                        .bind(d.reason)
+                        .bind(now)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    match row {
+                        Some(row) => (
+                            row.try_get::<i32, _>("attempts")?,
+                            row.try_get::<i64, _>("created_at")?,
+                            row.try_get::<Option<String>, _>("plugin_version")?,
+                        ),
+                        None => {
+                            out.push(false);
+                            continue;
+                        }
+                    }
+                }
+                None => (0, now, d.plugin_version.map(str::to_string)),
+            };
+            insert_dead_letter(&mut tx, d.plugin, d.key, d.msg_id, d.headers, d.payload, d.reason, attempts, version.as_deref(), first_seen, now)
+                .await?;
+            out.push(true);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<JournalEntry>, ClaimError> {
+        let row = sqlx::query(include_str!("../../queries/postgres/journal_get.sql"))
+            .bind(plugin)
+            .bind(key)
+            .bind(step)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(JournalEntry { request_hash: r.try_get("request_hash")?, response: r.try_get("response")? }),
+            None => None,
+        })
+    }
+
+    async fn fence_holds(&self, claim: &ClaimRef) -> Result<bool, ClaimError> {
+        let n: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/fence_read.sql"))
+            .bind(&claim.plugin)
+            .bind(&claim.key)
+            .bind(claim.fence)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn journal_put(
+        &self,
+        claim: &ClaimRef,
+        step: &str,
+        request_hash: &str,
+        response: &[u8],
+        plugin_version: &str,
+        now: i64,
+    ) -> Result<bool, ClaimError> {
+        let mut tx = self.pool.begin().await?;
+        if !fence_holds(&mut tx, claim).await? {
+            return Ok(false);
+        }
+        sqlx::query(include_str!("../../queries/postgres/journal_put.sql"))
+            .bind(&claim.plugin)
+            .bind(&claim.key)
+            .bind(step)
+            .bind(claim.fence)
+            .bind(request_hash)
+            .bind(response)
+            .bind(plugin_version)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn state(&self, plugin: &str, key: &str) -> Result<Option<String>, ClaimError> {
+        Ok(sqlx::query_scalar("SELECT state FROM claims WHERE plugin = $1 AND key = $2")
+            .bind(plugin)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state").fetch_all(&self.pool).await?;
+        let mut c = ClaimCounts::default();
+        for row in rows {
+            let n = row.try_get::<i64, _>("n")? as u64;
+            match row.try_get::<String, _>("state")?.as_str() {
+                "running" => c.running = n,
+                "retry" => c.retry = n,
+                "done" => c.done = n,
+                "dead" => c.dead = n,
+                _ => {}
+            }
+        }
+        c.dead_letters = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters").fetch_one(&self.pool).await? as u64;
+        Ok(c)
+    }
+
+    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
+        let rows = sqlx::query(
+            "SELECT id, plugin, key, msg_id, payload, reason, attempts, plugin_version, first_seen_at, dead_at FROM dead_letters ORDER BY id DESC LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(DeadLetter {
+                    id: row.try_get("id")?,
+                    plugin: row.try_get("plugin")?,
+                    key: row.try_get("key")?,
+                    msg_id: row.try_get("msg_id")?,
+                    payload: String::from_utf8_lossy(&row.try_get::<Vec<u8>, _>("payload")?).into_owned(),
+                    reason: row.try_get("reason")?,
+                    attempts: row.try_get::<i32, _>("attempts")? as u32,
+                    plugin_version: row.try_get("plugin_version")?,
+                    first_seen_at: row.try_get("first_seen_at")?,
+                    dead_at: row.try_get("dead_at")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+}

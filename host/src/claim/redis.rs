@@ -1,0 +1,293 @@
+//! Claims, journal and dead letters in Redis.
+//!
+//! Every guarded change is one Lua script (`host/lua/claims_*.lua`), so a
+//! fence check and the change it guards are atomic. Keys live under the
+//! namespace: `{ns}:claim:…` (a hash per claim), `{ns}:journal:…` (a hash
+//! per message), `{ns}:dead:…` (a hash per dead letter, ids in a list), and
+//! `{ns}:counts` (claims by state). Data written under these claims is
+//! fenced at the data store with the same fence numbers (a fencing token).
+//!
+//! Redis acknowledges a write before it is on disk unless it runs with
+//! `appendonly yes` and `appendfsync always`; run it that way (or accept
+//! that a Redis crash can forget recent claims, which then run again).
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script, Value};
+
+use super::{ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest, JournalEntry};
+
+/// The Redis claim store.
+pub struct RedisClaims {
+    conn: ConnectionManager,
+    ns: String,
+    claim: Script,
+    extend: Script,
+    confirm: Script,
+    release: Script,
+    dead_letter: Script,
+    journal_put: Script,
+}
+
+impl From<redis::RedisError> for ClaimError {
+    fn from(e: redis::RedisError) -> Self {
+        ClaimError::Unavailable(e.to_string())
+    }
+}
+
+impl RedisClaims {
+    /// Connect (the connection is re-established after Redis restarts).
+    pub async fn connect(url: &str, namespace: &str) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let client = redis::Client::open(url).with_context(|| format!("claims.url {url:?} is not a valid Redis URL (redis://host:port)"))?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
+            .set_response_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .with_context(|| format!("cannot connect to Redis at claims.url = {url:?}: is the server running?"))?;
+        Ok(RedisClaims {
+            conn,
+            ns: namespace.to_string(),
+            claim: Script::new(include_str!("../../lua/claims_claim.lua")),
+            extend: Script::new(include_str!("../../lua/claims_extend.lua")),
+            confirm: Script::new(include_str!("../../lua/claims_confirm.lua")),
+            release: Script::new(include_str!("../../lua/claims_release.lua")),
+            dead_letter: Script::new(include_str!("../../lua/claims_dead_letter.lua")),
+            journal_put: Script::new(include_str!("../../lua/claims_journal_put.lua")),
+        })
+    }
+
+    fn claim_key(&self, plugin: &str, key: &str) -> String {
+        // Length-prefixed so that no (plugin, key) pair can collide.
+        format!("{}:claim:{}:{plugin}:{key}", self.ns, plugin.len())
+    }
+    fn journal_key(&self, plugin: &str, key: &str) -> String {
+        format!("{}:journal:{}:{plugin}:{key}", self.ns, plugin.len())
+    }
+    fn counts_key(&self) -> String {
+        format!("{}:counts", self.ns)
+    }
+    fn dead_seq(&self) -> String {
+        format!("{}:dead:seq", self.ns)
+    }
+    fn dead_ids(&self) -> String {
+        format!("{}:dead:ids", self.ns)
+    }
+    fn dead_prefix(&self) -> String {
+        format!("{}:dead:", self.ns)
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        other => text(other).parse().unwrap_or(0),
+    }
+}
+
+fn outcome(v: &Value) -> Result<ClaimOutcome, ClaimError> {
+    let Value::Array(items) = v else {
+        return Err(ClaimError::Unavailable(format!("unexpected claim script answer {v:?}")));
+    };
+    let tag = items.first().map(text).unwrap_or_default();
+    let n = |i: usize| items.get(i).map(int).unwrap_or(0);
+    Ok(match tag.as_str() {
+        "acquired" => ClaimOutcome::Acquired { fence: n(1), attempt: n(2) as u32, traps: n(3) as u32 },
+        "done" => ClaimOutcome::Done,
+        "dead" => ClaimOutcome::DeadLettered,
+        "busy" => ClaimOutcome::Busy { retry_after_ms: n(1) },
+        "conflict" => ClaimOutcome::Conflict,
+        "exhausted" => ClaimOutcome::Exhausted { attempts: n(1) as u32 },
+        other => return Err(ClaimError::Unavailable(format!("unexpected claim outcome {other:?}"))),
+    })
+}
+
+#[async_trait]
+impl ClaimStore for RedisClaims {
+    async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError> {
+        let mut inv = self.claim.prepare_invoke();
+        inv.key(self.counts_key()).key(self.dead_seq()).key(self.dead_ids());
+        inv.arg(now).arg(self.dead_prefix());
+        for r in requests {
+            inv.key(self.claim_key(r.plugin, r.key));
+            inv.arg(r.plugin)
+                .arg(r.key)
+                .arg(r.msg_id)
+                .arg(r.payload_hash)
+                .arg(r.owner)
+                .arg(r.lease_ms)
+                .arg(r.max_attempts)
+                .arg(r.plugin_version)
+                .arg(serde_json::to_string(r.headers).unwrap_or_else(|_| "[]".into()))
+                .arg(r.payload);
+        }
+        let mut conn = self.conn.clone();
+        let answer: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        answer.iter().map(outcome).collect()
+    }
+
+    async fn extend(&self, claims: &[ClaimRef], lease_ms: i64, now: i64) -> Result<Vec<bool>, ClaimError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.extend.prepare_invoke();
+        inv.arg(now + lease_ms).arg(now);
+        for c in claims {
+            inv.key(self.claim_key(&c.plugin, &c.key)).arg(c.fence);
+        }
+        let mut conn = self.conn.clone();
+        let answer: Vec<i64> = inv.invoke_async(&mut conn).await?;
+        Ok(answer.into_iter().map(|x| x == 1).collect())
+    }
+
+    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.confirm.prepare_invoke();
+        inv.key(self.counts_key()).arg(now);
+        for c in claims {
+            inv.key(self.claim_key(&c.plugin, &c.key)).arg(c.fence);
+        }
+        let mut conn = self.conn.clone();
+        let answer: Vec<i64> = inv.invoke_async(&mut conn).await?;
+        Ok(answer.into_iter().map(|x| x == 1).collect())
+    }
+
+    async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .release
+            .key(self.counts_key())
+            .key(self.claim_key(&claim.plugin, &claim.key))
+            .arg(claim.fence)
+            .arg(not_before)
+            .arg(error)
+            .arg(trapped as i64)
+            .arg(now)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut conn = self.conn.clone();
+        for d in items {
+            let n: i64 = self
+                .dead_letter
+                .key(self.counts_key())
+                .key(self.dead_seq())
+                .key(self.dead_ids())
+                .key(self.claim_key(d.plugin, d.key))
+                .arg(d.fence.map(|f| f.to_string()).unwrap_or_default())
+                .arg(d.plugin)
+                .arg(d.key)
+                .arg(d.msg_id)
+                .arg(serde_json::to_string(d.headers).unwrap_or_else(|_| "[]".into()))
+                .arg(d.payload)
+                .arg(d.reason)
+                .arg(d.plugin_version.unwrap_or(""))
+                .arg(now)
+                .arg(self.dead_prefix())
+                .invoke_async(&mut conn)
+                .await?;
+            out.push(n == 1);
+        }
+        Ok(out)
+    }
+
+    async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<JournalEntry>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let (hash, response): (Option<String>, Option<Vec<u8>>) = redis::cmd("HMGET")
+            .arg(self.journal_key(plugin, key))
+            .arg(format!("{step}\0h"))
+            .arg(format!("{step}\0r"))
+            .query_async(&mut conn)
+            .await?;
+        Ok(match (hash, response) {
+            (Some(request_hash), Some(response)) => Some(JournalEntry { request_hash, response }),
+            _ => None,
+        })
+    }
+
+    async fn fence_holds(&self, claim: &ClaimRef) -> Result<bool, ClaimError> {
+        let mut conn = self.conn.clone();
+        let (fence, state): (Option<i64>, Option<String>) =
+            redis::cmd("HMGET").arg(self.claim_key(&claim.plugin, &claim.key)).arg("fence").arg("state").query_async(&mut conn).await?;
+        Ok(fence == Some(claim.fence) && state.as_deref() == Some("running"))
+    }
+
+    async fn journal_put(
+        &self,
+        claim: &ClaimRef,
+        step: &str,
+        request_hash: &str,
+        response: &[u8],
+        _plugin_version: &str,
+        _now: i64,
+    ) -> Result<bool, ClaimError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .journal_put
+            .key(self.claim_key(&claim.plugin, &claim.key))
+            .key(self.journal_key(&claim.plugin, &claim.key))
+            .arg(claim.fence)
+            .arg(step)
+            .arg(request_hash)
+            .arg(response)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn state(&self, plugin: &str, key: &str) -> Result<Option<String>, ClaimError> {
+        let mut conn = self.conn.clone();
+        Ok(conn.hget(self.claim_key(plugin, key), "state").await?)
+    }
+
+    async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
+        let mut conn = self.conn.clone();
+        let map: std::collections::HashMap<String, i64> = conn.hgetall(self.counts_key()).await?;
+        let get = |k: &str| map.get(k).copied().unwrap_or(0).max(0) as u64;
+        let dead_letters: u64 = conn.llen(self.dead_ids()).await?;
+        Ok(ClaimCounts { running: get("running"), retry: get("retry"), done: get("done"), dead: get("dead"), dead_letters })
+    }
+
+    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let stop = if limit <= 0 || limit == i64::MAX { -1 } else { (limit - 1) as isize };
+        let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, stop).await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let m: std::collections::HashMap<String, Vec<u8>> = conn.hgetall(format!("{}{id}", self.dead_prefix())).await?;
+            let s = |k: &str| m.get(k).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+            let n = |k: &str| s(k).parse::<i64>().unwrap_or(0);
+            let version = s("plugin_version");
+            out.push(DeadLetter {
+                id,
+                plugin: s("plugin"),
+                key: s("key"),
+                msg_id: s("msg_id"),
+                payload: s("payload"),
+                reason: s("reason"),
+                attempts: n("attempts") as u32,
+                plugin_version: (!version.is_empty()).then_some(version),
+                first_seen_at: n("first_seen_at"),
+                dead_at: n("dead_at"),
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,136 @@
+//! The data store in Postgres.
+
+use async_trait::async_trait;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use super::{DataError, DataStore, Inserted};
+use crate::claim::ClaimRef;
+use crate::now_ms;
+
+/// How a write proves its claim is current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fencing {
+    /// The claims live in the same database: the write share-locks the claim
+    /// row and checks its fence in the same transaction.
+    ClaimRow,
+    /// The claims live elsewhere (Redis): the store keeps the highest fence
+    /// presented per claim and refuses a write presenting a lower one (a
+    /// fencing token checked at the resource).
+    Token,
+}
+
+/// The Postgres data store.
+pub struct PgData {
+    pool: PgPool,
+    fencing: Fencing,
+}
+
+impl PgData {
+    /// Use the kv table of this pool's schema.
+    pub fn new(pool: PgPool, fencing: Fencing) -> Self {
+        PgData { pool, fencing }
+    }
+
+    async fn guarded(&self, claim: Option<&ClaimRef>) -> Result<Transaction<'static, Postgres>, DataError> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(c) = claim {
+            let current = match self.fencing {
+                Fencing::ClaimRow => crate::claim::postgres::fence_holds(&mut tx, c).await?,
+                Fencing::Token => {
+                    let highest: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/fence_token.sql"))
+                        .bind(&c.plugin)
+                        .bind(&c.key)
+                        .bind(c.fence)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    highest == c.fence
+                }
+            };
+            if !current {
+                return Err(DataError::FenceLost { plugin: c.plugin.clone(), key: c.key.clone(), fence: c.fence });
+            }
+        }
+        Ok(tx)
+    }
+}
+
+#[async_trait]
+impl DataStore for PgData {
+    async fn insert_unique(&self, claim: Option<&ClaimRef>, collection: &str, key: &str, value: &[u8]) -> Result<Inserted, DataError> {
+        let mut tx = self.guarded(claim).await?;
+        let r = sqlx::query(include_str!("../../queries/postgres/kv_insert_unique.sql"))
+            .bind(collection)
+            .bind(key)
+            .bind(value)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        let out = if r.rows_affected() == 1 {
+            Inserted::Inserted
+        } else {
+            let existing: Vec<u8> = sqlx::query_scalar(include_str!("../../queries/postgres/kv_get.sql"))
+                .bind(collection)
+                .bind(key)
+                .fetch_one(&mut *tx)
+                .await?;
+            Inserted::Existed(existing)
+        };
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn upsert(&self, claim: Option<&ClaimRef>, collection: &str, key: &str, value: &[u8]) -> Result<(), DataError> {
+        let mut tx = self.guarded(claim).await?;
+        sqlx::query(include_str!("../../queries/postgres/kv_upsert.sql"))
+            .bind(collection)
+            .bind(key)
+            .bind(value)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get(&self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, DataError> {
+        Ok(sqlx::query_scalar(include_str!("../../queries/postgres/kv_get.sql"))
+            .bind(collection)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn delete(&self, claim: Option<&ClaimRef>, collection: &str, key: &str) -> Result<bool, DataError> {
+        let mut tx = self.guarded(claim).await?;
+        let r = sqlx::query(include_str!("../../queries/postgres/kv_delete.sql"))
+            .bind(collection)
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn advance_fence(&self, claim: &ClaimRef) -> Result<(), DataError> {
+        if self.fencing == Fencing::Token {
+            sqlx::query(include_str!("../../queries/postgres/fence_token.sql"))
+                .bind(&claim.plugin)
+                .bind(&claim.key)
+                .bind(claim.fence)
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {
+        let rows = sqlx::query("SELECT key, value FROM kv WHERE collection = $1 ORDER BY key")
+            .bind(collection)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get("key")?, r.try_get("value")?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+}
