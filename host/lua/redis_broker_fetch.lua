@@ -44,10 +44,11 @@ if #out < max then
   end
 end
 
-if #ids > 0 then
-  -- JUSTID: does not count as another delivery.
+-- JUSTID: does not count as another delivery. In chunks, as unpack() is
+-- limited by Lua's stack.
+for first = 1, #ids, 1000 do
   local args = {'XCLAIM', stream, group, consumer, 0}
-  for _, id in ipairs(ids) do args[#args + 1] = id end
+  for i = first, math.min(first + 999, #ids) do args[#args + 1] = ids[i] end
   args[#args + 1] = 'IDLE'
   args[#args + 1] = ARGV[5]
   args[#args + 1] = 'JUSTID'

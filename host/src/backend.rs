@@ -67,7 +67,9 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
             .await
             .or_else(|e| match &e {
                 // Two processes creating the schema at once: one wins.
-                sqlx::Error::Database(d) if d.code().as_deref() == Some("23505") || d.code().as_deref() == Some("42P06") => Ok(Default::default()),
+                sqlx::Error::Database(d) if d.code().as_deref() == Some("23505") || d.code().as_deref() == Some("42P06") => {
+                    Ok(Default::default())
+                }
                 _ => Err(e),
             })
             .with_context(|| format!("cannot create schema {namespace:?} (namespace) in {setting}.url"))?;
@@ -82,9 +84,13 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
         .with_context(hint)?;
     let mut lock = pool.acquire().await.with_context(hint)?;
     // Serialise migrations of concurrent starters on one advisory lock.
-    sqlx::query("SELECT pg_advisory_lock(hashtext(current_schema()))").execute(&mut *lock).await?;
+    sqlx::query("SELECT pg_advisory_lock(hashtext(current_schema()))")
+        .execute(&mut *lock)
+        .await?;
     let migrated = sqlx::migrate!("./migrations/postgres").run(&mut *lock).await;
-    sqlx::query("SELECT pg_advisory_unlock(hashtext(current_schema()))").execute(&mut *lock).await?;
+    sqlx::query("SELECT pg_advisory_unlock(hashtext(current_schema()))")
+        .execute(&mut *lock)
+        .await?;
     migrated.with_context(|| format!("cannot migrate schema {namespace:?} in {setting}.url"))?;
     drop(lock);
     Ok(pool)
@@ -122,9 +128,10 @@ pub async fn open(config: &Config) -> Result<Backends> {
             match (&claims_pg, config.claims.url.as_deref()) {
                 // Same database as the claims: the fence is checked against
                 // the claim row, in the write's transaction.
-                (Some(pool), Some(claims_url)) if claims_url == url => {
-                    Arc::new(crate::store::postgres::PgData::new(pool.clone(), crate::store::postgres::Fencing::ClaimRow))
-                }
+                (Some(pool), Some(claims_url)) if claims_url == url => Arc::new(crate::store::postgres::PgData::new(
+                    pool.clone(),
+                    crate::store::postgres::Fencing::ClaimRow,
+                )),
                 // Claims elsewhere (Redis): the store keeps the highest fence
                 // seen per key and refuses writes that present a lower one.
                 _ => {

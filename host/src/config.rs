@@ -110,7 +110,11 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { kind: StoreKind::Sqlite, url: None, max_connections: 16 }
+        StoreConfig {
+            kind: StoreKind::Sqlite,
+            url: None,
+            max_connections: 16,
+        }
     }
 }
 
@@ -405,7 +409,10 @@ impl Config {
     /// Check the settings that would otherwise fail later and less clearly.
     pub fn validate(&self) -> Result<()> {
         if self.namespace.is_empty() || !self.namespace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            bail!("namespace must be letters, digits and '_' (it names a Postgres schema, Redis keys, queues and streams), got {:?}", self.namespace);
+            bail!(
+                "namespace must be letters, digits and '_' (it names a Postgres schema, Redis keys, queues and streams), got {:?}",
+                self.namespace
+            );
         }
         match (self.claims.kind, self.data.kind) {
             (StoreKind::Redis, StoreKind::Redis) | (_, StoreKind::Redis) => {

@@ -38,7 +38,7 @@ async fn raw() -> Connection {
 }
 
 /// Delete a namespace's queues and exchange.
-async fn delete_namespace(namespace: &str) -> lapin::Result<()> {
+pub async fn delete_namespace(namespace: &str) -> lapin::Result<()> {
     let conn = raw().await;
     let ch = conn.create_channel().await?;
     let mut queues = vec![format!("{namespace}.queue"), format!("{namespace}.dead")];

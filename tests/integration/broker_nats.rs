@@ -332,6 +332,25 @@ async fn nats_foreign_messages_and_bad_headers() {
     .await;
 }
 
+/// The consumer's ack_wait is the configured visibility timeout: a worker
+/// started with another `worker.visibility_ms` updates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_reconnect_updates_ack_wait() {
+    in_namespace(|ns| async move {
+        let _first = connect(&ns, Duration::from_millis(500)).await;
+        let _second = connect(&ns, Duration::from_millis(800)).await;
+        let client = async_nats::connect(services::nats()).await.unwrap();
+        let stream = async_nats::jetstream::new(client).get_stream(&ns).await.unwrap();
+        let info = stream.consumer_info("idem").await.unwrap();
+        assert_eq!(info.config.ack_wait, Duration::from_millis(800));
+        assert_eq!(info.config.max_deliver, -1, "Idem counts attempts itself");
+        let config = stream.cached_info().config.clone();
+        assert_eq!(config.retention, async_nats::jetstream::stream::RetentionPolicy::WorkQueue);
+        assert_eq!(config.subjects, vec![format!("{ns}.queue")]);
+    })
+    .await;
+}
+
 /// Connecting where no server listens says which setting to fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_connect_error_names_the_setting() {
@@ -341,48 +360,4 @@ async fn nats_connect_error_names_the_setting() {
         .expect("nothing listens on port 1");
     let text = format!("{err:#}");
     assert!(text.contains("broker.url") && text.contains("-js"), "{text}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tmp_shared_conformance() {
-    in_namespace(|ns| async move {
-        let (_dir, b) = backends(connect(&ns, Duration::from_secs(1)).await).await;
-        crate::conformance::broker_conformance(&b).await;
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tmp_timing_and_update() {
-    in_namespace(|ns| async move {
-        let broker = connect(&ns, Duration::from_millis(500)).await;
-        let t = Instant::now();
-        let got = broker.fetch(10, Duration::ZERO).await.unwrap();
-        eprintln!("empty fetch: {:?} {}", t.elapsed(), got.len());
-        broker.publish(&[envelope("x"), envelope("y")], Duration::ZERO).await.unwrap();
-        let t = Instant::now();
-        let got = broker.fetch(10, Duration::ZERO).await.unwrap();
-        eprintln!("fetch with 2 available (max 10): {:?} {}", t.elapsed(), got.len());
-        let t = Instant::now();
-        let b2 = Arc::new(connect(&ns, Duration::from_millis(500)).await);
-        let b3 = b2.clone();
-        let h = tokio::spawn(async move { let t = Instant::now(); let g = b3.fetch(10, Duration::ZERO).await.unwrap(); (t.elapsed(), g.len()) });
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        broker.publish(&[envelope("z")], Duration::ZERO).await.unwrap();
-        eprintln!("fetch waiting when z arrives 30ms in: {:?}", h.await.unwrap());
-        let t2 = Instant::now();
-        broker.ack(&[&got[0].receipt, &got[1].receipt]).await.unwrap();
-        eprintln!("ack 2: {:?}", t2.elapsed());
-        let _ = t;
-        let again = connect(&ns, Duration::from_millis(800)).await;
-        let client = async_nats::connect(services::nats()).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        let info = js.get_stream(&ns).await.unwrap().consumer_info("idem").await.unwrap();
-        eprintln!("ack_wait after reconnect with 800ms: {:?} max_ack_pending {} max_deliver {}", info.config.ack_wait, info.config.max_ack_pending, info.config.max_deliver);
-        let si = js.get_stream(&ns).await.unwrap().get_info().await.unwrap();
-        eprintln!("stream: retention {:?} storage {:?} msgs {}", si.config.retention, si.config.storage, si.state.messages);
-        eprintln!("server: {:?}", js.client().server_info().version);
-        drop(again);
-    })
-    .await;
 }

@@ -344,3 +344,59 @@ async fn the_group_is_recreated_when_redis_loses_it() {
     b.ack(&[&got[0].receipt]).await.unwrap();
     assert_eq!(b.pending().await.unwrap(), 0);
 }
+
+/// The worker on Redis end to end: the heartbeat's extend keeps a long
+/// handler's delivery from being redelivered, busy duplicates and retries
+/// go through nack (and the delayed set), poison is dead-lettered, and the
+/// queue drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_runs_on_redis() {
+    use idem_host::config::BrokerKind;
+    use idem_host::envelope::idempotency_key;
+    use serde_json::json;
+
+    use crate::common::{drain, envelope as message, Env};
+
+    let ns = unique_namespace("redis");
+    let _keys = Keys(ns.clone());
+    let mut env = Env::new().await;
+    env.config.namespace = ns.clone();
+    env.config.broker.kind = BrokerKind::Redis;
+    env.config.broker.url = Some(services::redis());
+    env.config.worker.lease_ms = 400;
+    env.config.worker.heartbeat_ms = Some(100);
+    env.config.worker.visibility_ms = 400;
+    env.config.retry.max_attempts = 3;
+    env.config.retry.base_delay_ms = 50;
+    env.mock.slow_for = Duration::from_millis(1_500);
+    env.mock.state.lock().unwrap().slow.insert("pay-long".into());
+    let payment = |id: &str| {
+        message(
+            &format!("msg-{id}"),
+            "record-payment",
+            json!({ "payment_id": id, "customer": "c1", "amount_cents": 1250 }),
+        )
+    };
+    let pool = env.start().await;
+
+    // A handler running almost four times its visibility is not redelivered.
+    pool.backends.broker.publish(&[payment("pay-long")], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let c = pool.counters.snapshot();
+    assert_eq!((c.executions, c.done, c.busy), (1, 1, 0), "{c:?}");
+
+    let mut batch: Vec<Envelope> = (0..5).map(|_| payment("pay-dup")).collect();
+    batch.push(message("poison-t", "poison", json!({ "mode": "transient" })));
+    batch.extend((0..10).map(|i| message(&format!("g-{i}"), "grant-credits", json!({ "user": format!("u{i}"), "balance": i }))));
+    pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+
+    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-long", "charge")), 1);
+    assert_eq!(env.mock.performed("payments", "pay-dup"), 1);
+    assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 10);
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!((letters[0].key.as_str(), letters[0].attempts), ("poison-t", 3));
+    assert_eq!(pool.backends.broker.pending().await.unwrap(), 0);
+    pool.stop().await.unwrap();
+}

@@ -328,20 +328,34 @@ pub struct Served {
 impl Served {
     pub async fn open(claims: StoreKind, data: StoreKind) -> Served {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = Config::default();
-        config.namespace = crate::common::unique_namespace("conf");
+        let mut config = Config { namespace: crate::common::unique_namespace("conf"), ..Default::default() };
         config.database.path = dir.path().join("conformance.db");
-        config.claims = StoreConfig { kind: claims, url: Some(url(claims)), max_connections: 8 };
-        config.data = StoreConfig { kind: data, url: Some(url(data)), max_connections: 8 };
+        config.claims = StoreConfig {
+            kind: claims,
+            url: Some(url(claims)),
+            max_connections: 8,
+        };
+        config.data = StoreConfig {
+            kind: data,
+            url: Some(url(data)),
+            max_connections: 8,
+        };
         let backends = idem_host::backend::open(&config).await.unwrap();
-        Served { backends, config, _dir: dir }
+        Served {
+            backends,
+            config,
+            _dir: dir,
+        }
     }
 
     pub async fn cleanup(self) {
         let ns = &self.config.namespace;
         if self.config.claims.kind == StoreKind::Postgres || self.config.data.kind == StoreKind::Postgres {
             let pool = sqlx::PgPool::connect(&crate::common::services::postgres()).await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{ns}\" CASCADE"))).execute(&pool).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{ns}\" CASCADE")))
+                .execute(&pool)
+                .await
+                .unwrap();
         }
         if self.config.claims.kind == StoreKind::Redis {
             let client = redis::Client::open(crate::common::services::redis()).unwrap();

@@ -12,4 +12,5 @@ mod cli;
 mod conformance;
 mod crash;
 mod guarantees;
+mod pool;
 mod sandbox;

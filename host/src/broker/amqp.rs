@@ -8,6 +8,10 @@
 //! publish(delay > 0) ─▶ {ns}.delay.{ms} (x-message-ttl = ms)
 //! nack(delay > 0)    ─▶    └─ expires ─▶ dead-lettered through the default exchange back to {ns}.queue
 //! ```
+//! Idem itself never rejects a delivery (its dead letters go to the claim
+//! store, then the delivery is acked); `{ns}.dead` keeps what is rejected
+//! or dead-lettered by anything else (another client, an operator, a queue
+//! limit) instead of dropping it.
 //!
 //! How RabbitMQ's model maps onto the [`Broker`] contract:
 //! - **No visibility timeout.** A delivery stays with the channel that
@@ -19,9 +23,9 @@
 //!   default) closes a channel that holds one delivery longer than that; raise
 //!   it for handlers that run longer. So `fetch` ignores `visibility` and
 //!   `extend` has nothing to do.
-//! - **Prefetch.** The server pushes up to 256 deliveries to this
-//!   consumer ahead of `fetch`; they are invisible to other consumers while
-//!   they wait here, exactly like fetched ones.
+//! - **Prefetch.** The server pushes up to 256 deliveries to this consumer
+//!   ahead of `fetch`; they are invisible to other consumers while they wait
+//!   here, exactly like fetched ones.
 //! - **Delays.** RabbitMQ has no per-message "visible at". A message waits in
 //!   a delay queue whose TTL expires it back into the main queue. TTLs expire
 //!   only at the head of a queue, so each delay queue has one fixed TTL (then
@@ -78,6 +82,9 @@ const FETCH_WAIT: Duration = Duration::from_millis(100);
 
 /// A connection attempt that takes longer is an outage, not a slow server.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a publish waits for the server's confirm.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
 const HANDLER_HEADER: &str = "idem-handler";
 const DELIVERIES_HEADER: &str = "idem-deliveries";
@@ -140,15 +147,23 @@ struct Held {
 
 /// Deliveries the server pushed and `fetch` has not handed out yet.
 struct Inbox {
-    consumer: Consumer,
+    /// Started by the first `fetch`: a broker that only publishes or counts
+    /// (`idem publish`, `idem stats`) must not take deliveries it never
+    /// hands out.
+    consumer: Option<Consumer>,
     arrived: VecDeque<AmqpDelivery>,
 }
 
-/// One connection with its channels. Replaced as a whole when any part of it
-/// fails, so receipts, tags and channels always belong together.
+/// The connections with their channels. Replaced as a whole when any part
+/// of it fails, so receipts, tags and channels always belong together.
 struct Link {
     epoch: u64,
-    connection: Connection,
+    /// Consuming and publishing use separate connections, as RabbitMQ
+    /// advises: during a memory or disk alarm the server stops reading from
+    /// connections that publish, and acks on such a connection would wait
+    /// too, while acking is what frees the server's memory.
+    consuming: Connection,
+    publishing: Connection,
     /// In confirm mode: every publish waits for the server's confirm.
     publisher: Channel,
     /// Consumes the main queue; deliveries are acked on it.
@@ -159,7 +174,9 @@ struct Link {
     inbox: tokio::sync::Mutex<Inbox>,
     /// Fetched deliveries not yet acked, by delivery tag.
     held: Mutex<BTreeMap<u64, Held>>,
-    /// The consumer was cancelled or failed.
+    /// The main queue's name.
+    queue: String,
+    /// The consumer was cancelled or failed, or a queue is missing.
     broken: AtomicBool,
 }
 
@@ -171,49 +188,47 @@ impl Link {
                 redact(url)
             )
         };
-        // No lapin auto-recovery: it would reopen channels whose delivery
-        // tags restart at 1 under receipts the worker still holds. A broken
-        // link is replaced as a whole, with a new epoch, instead.
-        let properties = ConnectionProperties::default().with_connection_name(format!("idem {}", names.queue).into());
-        let connection = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
-            .await
-            .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
-            .and_then(|r| r.map_err(anyhow::Error::from))
-            .with_context(hint)?;
+        let dial = |role: &str| {
+            // No lapin auto-recovery: it would reopen channels whose delivery
+            // tags restart at 1 under receipts the worker still holds. A
+            // broken link is replaced as a whole, with a new epoch, instead.
+            let properties = ConnectionProperties::default().with_connection_name(format!("idem {} {role}", names.queue).into());
+            async move {
+                tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
+                    .await
+                    .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
+                    .and_then(|r| r.map_err(anyhow::Error::from))
+                    .with_context(hint)
+            }
+        };
+        let publishing = dial("publisher").await?;
+        let consuming = dial("consumer").await?;
 
-        let publisher = connection.create_channel().await.with_context(hint)?;
+        let publisher = publishing.create_channel().await.with_context(hint)?;
         declare(&publisher, names).await?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .context("cannot enable publisher confirms on RabbitMQ")?;
 
-        let consumer_channel = connection.create_channel().await.with_context(hint)?;
+        let consumer_channel = consuming.create_channel().await.with_context(hint)?;
         consumer_channel
             .basic_qos(PREFETCH, BasicQosOptions::default())
             .await
             .context("cannot set the prefetch (basic.qos) on RabbitMQ")?;
-        let tag = format!("idem-{}", uuid::Uuid::new_v4().simple());
-        let consumer = consumer_channel
-            .basic_consume(
-                names.queue.as_str().into(),
-                tag.into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .with_context(|| format!("cannot consume RabbitMQ queue {}", names.queue))?;
 
         Ok(Link {
             epoch,
-            connection,
+            consuming,
+            publishing,
             publisher,
             consumer_channel,
             admin: Mutex::new(None),
             inbox: tokio::sync::Mutex::new(Inbox {
-                consumer,
+                consumer: None,
                 arrived: VecDeque::new(),
             }),
+            queue: names.queue.clone(),
             held: Mutex::new(BTreeMap::new()),
             broken: AtomicBool::new(false),
         })
@@ -221,7 +236,8 @@ impl Link {
 
     fn healthy(&self) -> bool {
         !self.broken.load(Ordering::Relaxed)
-            && self.connection.status().connected()
+            && self.consuming.status().connected()
+            && self.publishing.status().connected()
             && self.publisher.status().connected()
             && self.consumer_channel.status().connected()
     }
@@ -247,7 +263,16 @@ impl Link {
 
     /// Whether the server confirmed a message as stored.
     async fn confirmed(&self, confirm: PublisherConfirm, route: &str) -> Result<(), BrokerError> {
-        match confirm.await.map_err(|e| unavailable("publisher confirm", e))? {
+        // Bounded: a server in a resource alarm holds confirms back, and a
+        // settling worker must not hang on it. A confirm that comes after
+        // the timeout leaves a copy that the claim store answers as a
+        // duplicate.
+        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await.map_err(|_| {
+            BrokerError::Unavailable(format!(
+                "RabbitMQ did not confirm a message sent to queue {route} within {CONFIRM_TIMEOUT:?}: check the server's memory and disk alarms"
+            ))
+        })?;
+        match confirmation.map_err(|e| unavailable("publisher confirm", e))? {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) => {
                 // The queue was deleted behind our back: reconnecting
@@ -290,8 +315,30 @@ impl Link {
     /// Move every delivery that has already arrived into the inbox, without
     /// waiting. Bounded: the server pushes at most [`PREFETCH`] unacked.
     fn drain(&self, inbox: &mut Inbox) -> Result<(), BrokerError> {
-        while let Some(item) = inbox.consumer.next().now_or_never() {
+        while let Some(item) = inbox.consumer.as_mut().and_then(|c| c.next().now_or_never()) {
             self.arrive(inbox, item)?;
+        }
+        Ok(())
+    }
+
+    /// Start consuming, once.
+    async fn consume(&self, inbox: &mut Inbox) -> Result<(), BrokerError> {
+        if inbox.consumer.is_none() {
+            let tag = format!("idem-{}", uuid::Uuid::new_v4().simple());
+            let consumer = self
+                .consumer_channel
+                .basic_consume(
+                    self.queue.as_str().into(),
+                    tag.into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| {
+                    self.broken.store(true, Ordering::Relaxed);
+                    unavailable(&format!("consume queue {}", self.queue), e)
+                })?;
+            inbox.consumer = Some(consumer);
         }
         Ok(())
     }
@@ -301,7 +348,7 @@ impl Link {
         let cached = self.admin.lock().unwrap_or_else(|e| e.into_inner()).take();
         match cached {
             Some(ch) if ch.status().connected() => Ok(ch),
-            _ => self.connection.create_channel().await.map_err(|e| unavailable("open a channel", e)),
+            _ => self.consuming.create_channel().await.map_err(|e| unavailable("open a channel", e)),
         }
     }
 
@@ -368,12 +415,12 @@ async fn declare(ch: &Channel, names: &Names) -> anyhow::Result<()> {
 
 /// A queue on a RabbitMQ server.
 ///
-/// One connection per broker, with a publishing channel (publisher confirms)
-/// and a consuming channel (prefetch, manual acks). When the connection or a
-/// channel fails, the next `fetch`, `publish` or `pending` opens a new one;
-/// the server has requeued what the old one held, and receipts from it have
-/// no effect any more. Dropping the broker closes the connection, which
-/// hands every unacked delivery back to the server.
+/// Two connections per broker: one with a publishing channel (publisher
+/// confirms), one with a consuming channel (prefetch, manual acks). When
+/// either fails, the next `fetch`, `publish` or `pending` opens new ones;
+/// the server has requeued what the old consumer held, and receipts from it
+/// have no effect any more. Dropping the broker closes the connections,
+/// which hands every unacked delivery back to the server.
 pub struct AmqpBroker {
     url: String,
     names: Names,
@@ -425,11 +472,13 @@ impl AmqpBroker {
             epoch,
             "reconnected to RabbitMQ; deliveries held by the old connection are redelivered"
         );
-        // Close the old connection now, so the server requeues what it still
-        // held at once rather than when it notices the silence.
+        // Close the old connections now, so the server requeues what the
+        // consumer still held at once rather than when it notices the silence.
         tokio::spawn(async move {
-            let close = old.connection.close(200, "Idem reconnected".into());
-            let _ = tokio::time::timeout(CONNECT_TIMEOUT, close).await;
+            for connection in [&old.consuming, &old.publishing] {
+                let close = connection.close(200, "Idem reconnected".into());
+                let _ = tokio::time::timeout(CONNECT_TIMEOUT, close).await;
+            }
         });
         Ok(fresh)
     }
@@ -469,8 +518,10 @@ impl Broker for AmqpBroker {
         }
         let link = self.link().await?;
         let mut inbox = link.inbox.lock().await;
+        link.consume(&mut inbox).await?;
         if inbox.arrived.is_empty() {
-            match tokio::time::timeout(FETCH_WAIT, inbox.consumer.next()).await {
+            let consumer = inbox.consumer.as_mut().expect("consuming");
+            match tokio::time::timeout(FETCH_WAIT, consumer.next()).await {
                 Err(_) => return Ok(Vec::new()),
                 Ok(item) => link.arrive(&mut inbox, item)?,
             }
@@ -623,7 +674,12 @@ impl Broker for AmqpBroker {
             let q = admin
                 .queue_declare(name.as_str().into(), passive, FieldTable::default())
                 .await
-                .map_err(|e| unavailable(&format!("count queue {name}"), e))?;
+                .map_err(|e| {
+                    // Most likely deleted behind our back: reconnecting
+                    // declares it again.
+                    link.broken.store(true, Ordering::Relaxed);
+                    unavailable(&format!("count queue {name}"), e)
+                })?;
             total += u64::from(q.message_count());
         }
         link.return_admin(admin);

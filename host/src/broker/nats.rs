@@ -124,7 +124,11 @@ impl NatsBroker {
                 ..Default::default()
             })
             .await
-            .with_context(|| format!("{}; declaring stream {stream_name:?} failed", hint()))?;
+            .with_context(|| {
+                format!(
+                    "NATS at broker.url = {url:?} cannot declare the stream {stream_name:?}: is nats-server running with JetStream (-js)?"
+                )
+            })?;
         let config = &stream.cached_info().config;
         if !config.subjects.iter().any(|s| subject_matches(s, &subject)) {
             bail!(
@@ -185,7 +189,7 @@ impl NatsBroker {
     }
 
     /// Build the wire headers of one envelope.
-    fn headers(&self, e: &Envelope, not_before: Option<i64>) -> Result<HeaderMap, BrokerError> {
+    fn wire_headers(e: &Envelope, not_before: Option<i64>) -> Result<HeaderMap, BrokerError> {
         let bad =
             |what: &str, why: &str| BrokerError::Unavailable(format!("message {:?}: {what} cannot travel as a NATS header: {why}", e.id));
         let value = |what: &str, v: &str| v.parse::<HeaderValue>().map_err(|_| bad(what, "it contains a line break"));
@@ -227,7 +231,7 @@ impl NatsBroker {
     /// message than `r`.
     fn is_stale(&self, r: &AckRef<'_>) -> bool {
         let newest = self.newest.lock().expect("newest-delivery map poisoned");
-        let _ = newest.get(&r.stream_seq).is_some_and(|&seq| seq > r.delivery_seq); false
+        newest.get(&r.stream_seq).is_some_and(|&seq| seq > r.delivery_seq)
     }
 
     /// Send each (ack subject, answer) with a reply subject and wait until
@@ -288,7 +292,7 @@ impl Broker for NatsBroker {
         for chunk in envelopes.chunks(PUBLISH_CHUNK) {
             let mut acks = Vec::with_capacity(chunk.len());
             for e in chunk {
-                let headers = self.headers(e, not_before)?;
+                let headers = Self::wire_headers(e, not_before)?;
                 let ack = self
                     .js
                     .publish_with_headers(self.subject.clone(), headers, Bytes::copy_from_slice(&e.payload))

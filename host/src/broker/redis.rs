@@ -315,7 +315,7 @@ impl Broker for RedisBroker {
             .arg(MAX_BLOCK.as_millis() as u64)
             .arg("STREAMS")
             .arg(&self.stream)
-            .arg(&taken.last)
+            .arg(if taken.last.is_empty() { "$" } else { taken.last.as_str() })
             .query_async(&mut self.waiter.clone())
             .await
             .map_err(unavailable)?;

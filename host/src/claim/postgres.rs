@@ -85,7 +85,11 @@ impl ClaimStore for PgClaims {
         let mut tx = self.pool.begin().await?;
         let now = now + waiting.elapsed().as_millis() as i64;
         let mut order: Vec<usize> = (0..requests.len()).collect();
-        order.sort_by(|&a, &b| (requests[a].plugin, requests[a].key).cmp(&(requests[b].plugin, requests[b].key)).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| {
+            (requests[a].plugin, requests[a].key)
+                .cmp(&(requests[b].plugin, requests[b].key))
+                .then(a.cmp(&b))
+        });
         let mut out = vec![ClaimOutcome::Done; requests.len()];
         for i in order {
             let r = &requests[i];
@@ -101,7 +105,11 @@ impl ClaimStore for PgClaims {
                 .fetch_optional(&mut *tx)
                 .await?;
             if inserted.is_some() {
-                out[i] = ClaimOutcome::Acquired { fence: 1, attempt: 1, traps: 0 };
+                out[i] = ClaimOutcome::Acquired {
+                    fence: 1,
+                    attempt: 1,
+                    traps: 0,
+                };
                 continue;
             }
             let row = sqlx::query(include_str!("../../queries/postgres/claim_lock.sql"))
@@ -125,21 +133,39 @@ impl ClaimStore for PgClaims {
                     &hash[..12.min(hash.len())],
                     &r.payload_hash[..12.min(r.payload_hash.len())]
                 );
-                insert_dead_letter(&mut tx, r.plugin, r.key, r.msg_id, r.headers, r.payload, &reason, 0, Some(r.plugin_version), now, now)
-                    .await?;
+                insert_dead_letter(
+                    &mut tx,
+                    r.plugin,
+                    r.key,
+                    r.msg_id,
+                    r.headers,
+                    r.payload,
+                    &reason,
+                    0,
+                    Some(r.plugin_version),
+                    now,
+                    now,
+                )
+                .await?;
                 out[i] = ClaimOutcome::Conflict;
                 continue;
             }
             out[i] = match state.as_str() {
                 "done" => ClaimOutcome::Done,
                 "dead" => ClaimOutcome::DeadLettered,
-                "running" if lease_until > now => ClaimOutcome::Busy { retry_after_ms: lease_until - now },
-                "retry" if not_before > now => ClaimOutcome::Busy { retry_after_ms: not_before - now },
+                "running" if lease_until > now => ClaimOutcome::Busy {
+                    retry_after_ms: lease_until - now,
+                },
+                "retry" if not_before > now => ClaimOutcome::Busy {
+                    retry_after_ms: not_before - now,
+                },
                 _ if attempts as i64 >= r.max_attempts as i64 => {
                     let reason = format!(
                         "attempts exhausted: {attempts} of {} made; last error: {}",
                         r.max_attempts,
-                        last_error.as_deref().unwrap_or("the worker running it stopped (crash or kill) before settling")
+                        last_error
+                            .as_deref()
+                            .unwrap_or("the worker running it stopped (crash or kill) before settling")
                     );
                     sqlx::query(include_str!("../../queries/postgres/claim_mark_dead.sql"))
                         .bind(r.plugin)
@@ -255,8 +281,20 @@ impl ClaimStore for PgClaims {
                 }
                 None => (0, now, d.plugin_version.map(str::to_string)),
             };
-            insert_dead_letter(&mut tx, d.plugin, d.key, d.msg_id, d.headers, d.payload, d.reason, attempts, version.as_deref(), first_seen, now)
-                .await?;
+            insert_dead_letter(
+                &mut tx,
+                d.plugin,
+                d.key,
+                d.msg_id,
+                d.headers,
+                d.payload,
+                d.reason,
+                attempts,
+                version.as_deref(),
+                first_seen,
+                now,
+            )
+            .await?;
             out.push(true);
         }
         tx.commit().await?;
@@ -271,7 +309,10 @@ impl ClaimStore for PgClaims {
             .fetch_optional(&self.pool)
             .await?;
         Ok(match row {
-            Some(r) => Some(JournalEntry { request_hash: r.try_get("request_hash")?, response: r.try_get("response")? }),
+            Some(r) => Some(JournalEntry {
+                request_hash: r.try_get("request_hash")?,
+                response: r.try_get("response")?,
+            }),
             None => None,
         })
     }
@@ -323,7 +364,9 @@ impl ClaimStore for PgClaims {
     }
 
     async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
-        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state")
+            .fetch_all(&self.pool)
+            .await?;
         let mut c = ClaimCounts::default();
         for row in rows {
             let n = row.try_get::<i64, _>("n")? as u64;
@@ -335,7 +378,9 @@ impl ClaimStore for PgClaims {
                 _ => {}
             }
         }
-        c.dead_letters = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters").fetch_one(&self.pool).await? as u64;
+        c.dead_letters = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters")
+            .fetch_one(&self.pool)
+            .await? as u64;
         Ok(c)
     }
 

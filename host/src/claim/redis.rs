@@ -39,7 +39,8 @@ impl RedisClaims {
     /// Connect (the connection is re-established after Redis restarts).
     pub async fn connect(url: &str, namespace: &str) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let client = redis::Client::open(url).with_context(|| format!("claims.url {url:?} is not a valid Redis URL (redis://host:port)"))?;
+        let client =
+            redis::Client::open(url).with_context(|| format!("claims.url {url:?} is not a valid Redis URL (redis://host:port)"))?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
             .set_response_timeout(Some(std::time::Duration::from_secs(5)))
@@ -103,7 +104,11 @@ fn outcome(v: &Value) -> Result<ClaimOutcome, ClaimError> {
     let tag = items.first().map(text).unwrap_or_default();
     let n = |i: usize| items.get(i).map(int).unwrap_or(0);
     Ok(match tag.as_str() {
-        "acquired" => ClaimOutcome::Acquired { fence: n(1), attempt: n(2) as u32, traps: n(3) as u32 },
+        "acquired" => ClaimOutcome::Acquired {
+            fence: n(1),
+            attempt: n(2) as u32,
+            traps: n(3) as u32,
+        },
         "done" => ClaimOutcome::Done,
         "dead" => ClaimOutcome::DeadLettered,
         "busy" => ClaimOutcome::Busy { retry_after_ms: n(1) },
@@ -224,8 +229,12 @@ impl ClaimStore for RedisClaims {
 
     async fn fence_holds(&self, claim: &ClaimRef) -> Result<bool, ClaimError> {
         let mut conn = self.conn.clone();
-        let (fence, state): (Option<i64>, Option<String>) =
-            redis::cmd("HMGET").arg(self.claim_key(&claim.plugin, &claim.key)).arg("fence").arg("state").query_async(&mut conn).await?;
+        let (fence, state): (Option<i64>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.claim_key(&claim.plugin, &claim.key))
+            .arg("fence")
+            .arg("state")
+            .query_async(&mut conn)
+            .await?;
         Ok(fence == Some(claim.fence) && state.as_deref() == Some("running"))
     }
 
@@ -262,12 +271,22 @@ impl ClaimStore for RedisClaims {
         let map: std::collections::HashMap<String, i64> = conn.hgetall(self.counts_key()).await?;
         let get = |k: &str| map.get(k).copied().unwrap_or(0).max(0) as u64;
         let dead_letters: u64 = conn.llen(self.dead_ids()).await?;
-        Ok(ClaimCounts { running: get("running"), retry: get("retry"), done: get("done"), dead: get("dead"), dead_letters })
+        Ok(ClaimCounts {
+            running: get("running"),
+            retry: get("retry"),
+            done: get("done"),
+            dead: get("dead"),
+            dead_letters,
+        })
     }
 
     async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
         let mut conn = self.conn.clone();
-        let stop = if limit <= 0 || limit == i64::MAX { -1 } else { (limit - 1) as isize };
+        let stop = if limit <= 0 || limit == i64::MAX {
+            -1
+        } else {
+            (limit - 1) as isize
+        };
         let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, stop).await?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {

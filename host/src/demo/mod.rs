@@ -186,6 +186,76 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
     config
 }
 
+/// What a run publishes: messages, their duplicates, and which are slow,
+/// flaky (at the mock) or crash (in-process fault injection).
+pub struct Schedule {
+    planned: Vec<Planned>,
+    now_batch: Vec<Envelope>,
+    late_batch: Vec<Envelope>,
+    /// Keys whose first execution "crashes" after the charge was journaled.
+    pub crash_keys: HashSet<String>,
+}
+
+impl Schedule {
+    /// A seeded schedule of `messages` distinct messages (one poison), with
+    /// ~10% duplicated; marks slow and flaky references at the mock.
+    pub fn new(messages: usize, seed: u64, mock: &Mock) -> Schedule {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let planned = plan(messages, &mut rng);
+        let mut crash_keys = HashSet::new();
+        {
+            let mut s = mock.state.lock().expect("mock state poisoned");
+            for p in &planned {
+                if matches!(p.kind, Kind::Payment | Kind::Order) {
+                    let roll: f64 = rng.random();
+                    if roll < 0.04 {
+                        s.slow.insert(p.reference.clone());
+                    } else if roll < 0.08 {
+                        s.flaky.insert(p.reference.clone(), 1);
+                    } else if roll < 0.08 + if p.kind == Kind::Order { 0.06 } else { 0.03 } {
+                        crash_keys.insert(p.reference.clone());
+                    }
+                }
+            }
+        }
+        // Duplicates of ~10% of messages: half back to back (they run
+        // concurrently), half a few seconds later (after the first is done).
+        let mut now_batch = Vec::new();
+        let mut late_batch = Vec::new();
+        for p in &planned {
+            now_batch.push(p.envelope.clone());
+            let roll: f64 = rng.random();
+            if roll < 0.05 {
+                now_batch.push(p.envelope.clone());
+            } else if roll < 0.10 {
+                late_batch.push(p.envelope.clone());
+            }
+        }
+        Schedule {
+            planned,
+            now_batch,
+            late_batch,
+            crash_keys,
+        }
+    }
+
+    /// Distinct messages.
+    pub fn messages(&self) -> u64 {
+        self.planned.len() as u64
+    }
+
+    /// Publish everything; returns the number of publishes.
+    pub async fn publish(&self, broker: &dyn crate::broker::Broker) -> Result<u64> {
+        for chunk in self.now_batch.chunks(500) {
+            broker.publish(chunk, Duration::ZERO).await?;
+        }
+        for chunk in self.late_batch.chunks(500) {
+            broker.publish(chunk, Duration::from_secs(2)).await?;
+        }
+        Ok((self.now_batch.len() + self.late_batch.len()) as u64)
+    }
+}
+
 fn plan(messages: usize, rng: &mut rand::rngs::StdRng) -> Vec<Planned> {
     let poison_at = messages / 2;
     (0..messages)
@@ -251,52 +321,16 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
     let mock = Mock::start(Duration::from_millis(700)).await?;
     let config = demo_config(db, &args.plugins, &mock, args.concurrency);
 
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let planned = plan(args.messages, &mut rng);
-    let mut crash_keys = HashSet::new();
-    {
-        let mut s = mock.state.lock().expect("mock state poisoned");
-        for p in &planned {
-            match p.kind {
-                Kind::Payment | Kind::Order => {
-                    let roll: f64 = rng.random();
-                    if roll < 0.04 {
-                        s.slow.insert(p.reference.clone());
-                    } else if roll < 0.08 {
-                        s.flaky.insert(p.reference.clone(), 1);
-                    } else if roll < 0.08 + if p.kind == Kind::Order { 0.06 } else { 0.03 } {
-                        crash_keys.insert(p.reference.clone());
-                    }
-                }
-                Kind::Grant | Kind::Poison => {}
-            }
-        }
-    }
-    let crash_keys = Arc::new(crash_keys);
+    let schedule = Schedule::new(args.messages, args.seed, &mock);
+    let crash_keys = Arc::new(schedule.crash_keys.clone());
     let injector: CrashInjector = {
         let keys = crash_keys.clone();
         Arc::new(move |_plugin: &str, key: &str, attempt: u32, step: &str| attempt == 1 && step == "charge" && keys.contains(key))
     };
-
-    // Publish: duplicates of ~10% of messages, half back to back (they run
-    // concurrently), half a few seconds later (after the first is done).
-    let mut now_batch = Vec::new();
-    let mut late_batch = Vec::new();
-    for p in &planned {
-        now_batch.push(p.envelope.clone());
-        let roll: f64 = rng.random();
-        if roll < 0.05 {
-            now_batch.push(p.envelope.clone());
-        } else if roll < 0.10 {
-            late_batch.push(p.envelope.clone());
-        }
-    }
     let options = WorkerOptions::from_config(&config);
     let pool = Pool::start_with(&config, options, Some(injector)).await?;
     mock.watch_journal(pool.backends.claims.clone());
-    pool.backends.broker.publish(&now_batch, Duration::ZERO).await?;
-    pool.backends.broker.publish(&late_batch, Duration::from_secs(2)).await?;
-    let published = (now_batch.len() + late_batch.len()) as u64;
+    let published = schedule.publish(pool.backends.broker.as_ref()).await?;
 
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
     loop {
@@ -323,6 +357,36 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
         bar.finish_and_clear();
     }
 
+    let mut report = verify(&backends, &mock, &schedule).await?;
+    report.published = published;
+    let c = counters.snapshot();
+    report.deliveries = c.deliveries;
+    report.executions = c.executions;
+    report.duplicates_suppressed = c.duplicates;
+    report.busy_redeliveries = c.busy;
+    report.retries = c.retries;
+    report.crashes = c.crashes;
+    report.journal_replays = c.journal_replays;
+    report.dead_lettered = c.dead_lettered;
+    report.external_calls = mock.total_requests();
+    report.external_effects = mock
+        .state
+        .lock()
+        .expect("mock state poisoned")
+        .performed
+        .values()
+        .map(|&n| n as u64)
+        .sum();
+    report.double_effects = mock.double_effects();
+    report.calls_after_journal = mock.calls_after_journal();
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+/// Check a drained run against its schedule: every message settled (done
+/// or dead-lettered), every effect stored once and performed once at the
+/// mock APIs, no journaled call sent again.
+pub async fn verify(backends: &crate::backend::Backends, mock: &Mock, schedule: &Schedule) -> Result<DemoReport> {
     // Check: every message settled, every effect present once.
     let payments: HashSet<String> = backends.data.scan("payments").await?.into_iter().map(|(k, _)| k).collect();
     let credits: HashSet<String> = backends.data.scan("credits").await?.into_iter().map(|(k, _)| k).collect();
@@ -342,11 +406,10 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
     let letters = backends.claims.dead_letters(i64::MAX).await?;
     let dead: HashSet<(String, String)> = letters.iter().map(|d| (d.plugin.clone(), d.key.clone())).collect();
     let mut report = DemoReport {
-        messages: args.messages as u64,
-        published,
+        messages: schedule.messages(),
         ..Default::default()
     };
-    for p in &planned {
+    for p in &schedule.planned {
         let (plugin, key) = (p.envelope.handler.as_str(), p.reference.as_str());
         let claim_key = match p.kind {
             Kind::Grant | Kind::Poison => p.envelope.id.as_str(),
@@ -373,15 +436,6 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
             report.missing_effects += 1;
         }
     }
-    let c = counters.snapshot();
-    report.deliveries = c.deliveries;
-    report.executions = c.executions;
-    report.duplicates_suppressed = c.duplicates;
-    report.busy_redeliveries = c.busy;
-    report.retries = c.retries;
-    report.crashes = c.crashes;
-    report.journal_replays = c.journal_replays;
-    report.dead_lettered = c.dead_lettered;
     report.external_calls = mock.total_requests();
     report.external_effects = mock
         .state
@@ -393,7 +447,6 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
         .sum();
     report.double_effects = mock.double_effects();
     report.calls_after_journal = mock.calls_after_journal();
-    report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
 

@@ -47,7 +47,11 @@ impl PgData {
                 }
             };
             if !current {
-                return Err(DataError::FenceLost { plugin: c.plugin.clone(), key: c.key.clone(), fence: c.fence });
+                return Err(DataError::FenceLost {
+                    plugin: c.plugin.clone(),
+                    key: c.key.clone(),
+                    fence: c.fence,
+                });
             }
         }
         Ok(tx)

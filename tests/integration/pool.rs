@@ -1,0 +1,193 @@
+//! Many workers on real servers: for each example configuration, two
+//! `idem run` processes share one queue; 2,000 messages with duplicates
+//! (some concurrent, some late) flow through them; one worker is SIGKILLed
+//! mid-run and restarted. Every message must end done or dead-lettered,
+//! every effect must be stored once and performed once at the mock APIs,
+//! and no journaled call may be sent again.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem_host::config::Config;
+use idem_host::demo::mock::Mock;
+use idem_host::demo::{demo_config, verify, Schedule};
+
+use crate::common::*;
+
+const MESSAGES: usize = 2_000;
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name)
+}
+
+/// The example file, pointed at this test's mock, plugins and namespace.
+fn config_from_example(file: &str, dir: &Path, mock: &Mock) -> Config {
+    let example = Config::load(&example(file)).unwrap_or_else(|e| panic!("{file} loads: {e:#}"));
+    let demo = demo_config(dir.join("idem.db"), &plugin_dir(), mock, 8);
+    let mut config = example;
+    config.namespace = unique_namespace("pool");
+    config.database.path = dir.join("idem.db");
+    config.endpoints = demo.endpoints;
+    for (name, plugin) in config.plugins.iter_mut() {
+        plugin.path = demo.plugins[name].path.clone();
+    }
+    config.worker.concurrency = 8;
+    config.worker.lease_ms = 2_000;
+    config.worker.heartbeat_ms = Some(400);
+    config.worker.visibility_ms = 2_000;
+    config.worker.busy_retry_ms = 200;
+    config.worker.poll_idle_ms = 20;
+    config.retry.base_delay_ms = 50;
+    config.retry.max_delay_ms = 1_000;
+    config
+}
+
+fn spawn(config: &Path, log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["run", "--config"])
+        .arg(config)
+        .env("IDEM_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("spawn idem run")
+}
+
+fn terminate(mut child: Child) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// Two workers, one SIGKILLed mid-run and restarted; then check everything.
+async fn two_workers_survive_a_kill(example_file: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
+    let config = config_from_example(example_file, dir.path(), &mock);
+    let config_path = dir.path().join("idem.toml");
+    std::fs::write(&config_path, toml::to_string(&config).unwrap()).unwrap();
+
+    let backends = idem_host::backend::open(&config).await.unwrap();
+    mock.watch_journal(backends.claims.clone());
+    let schedule = Schedule::new(MESSAGES, 11, &mock);
+    let logs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("worker-{i}.log"))).collect();
+    let a = spawn(&config_path, &logs[0]);
+    let b = spawn(&config_path, &logs[1]);
+    let published = schedule.publish(backends.broker.as_ref()).await.unwrap();
+    assert!(published > MESSAGES as u64);
+
+    // Kill A once a third of the messages are settled: it dies with
+    // handlers in flight, mid external call or mid write.
+    let settled = || async {
+        let c = backends.claims.counts().await.unwrap();
+        c.done + c.dead
+    };
+    wait_until(Duration::from_secs(120), "a third of the messages to settle", || async {
+        settled().await >= MESSAGES as u64 / 3
+    })
+    .await;
+    let mut a = a;
+    a.kill().expect("SIGKILL worker A");
+    a.wait().unwrap();
+    let killed_at = settled().await;
+    // B goes on alone for a while, then A comes back.
+    wait_until(Duration::from_secs(120), "worker B to make progress alone", || async {
+        settled().await >= killed_at + 200
+    })
+    .await;
+    let a2 = spawn(&config_path, &logs[2]);
+
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let c = backends.claims.counts().await.unwrap();
+        let pending = backends.broker.pending().await.unwrap();
+        if c.done + c.dead >= MESSAGES as u64 && c.running == 0 && c.retry == 0 && pending == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{example_file}: did not drain: {c:?}, pending {pending}\n--- worker 0\n{}\n--- worker 1\n{}\n--- worker 2\n{}",
+                tail(&logs[0]),
+                tail(&logs[1]),
+                tail(&logs[2])
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    terminate(b);
+    terminate(a2);
+
+    let report = verify(&backends, &mock, &schedule).await.unwrap();
+    eprintln!("{example_file}: published {published}, killed at {killed_at} settled: {report:?}");
+    assert_eq!(report.lost, 0, "{example_file}: {report:?}");
+    assert_eq!(report.double_effects, 0, "{example_file}: {report:?}");
+    assert_eq!(report.calls_after_journal, 0, "{example_file}: {report:?}");
+    assert_eq!(report.missing_effects, 0, "{example_file}: {report:?}");
+    assert_eq!(report.effects, MESSAGES as u64 - 1, "{example_file}: {report:?}");
+    let letters = backends.claims.dead_letters(100).await.unwrap();
+    assert_eq!(letters.len(), 1, "only the poison message: {letters:?}");
+    assert_eq!(letters[0].plugin, "poison");
+    cleanup(&config).await;
+}
+
+/// Drop the test's namespace on the servers.
+pub async fn cleanup(config: &Config) {
+    use idem_host::config::{BrokerKind, StoreKind};
+    let ns = &config.namespace;
+    if config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres {
+        let pool = sqlx::PgPool::connect(&services::postgres()).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{ns}\" CASCADE")))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    if config.broker.kind == BrokerKind::Rabbitmq {
+        crate::broker_amqp::delete_namespace(ns).await.unwrap();
+    }
+    if config.broker.kind == BrokerKind::Nats {
+        let client = async_nats::connect(services::nats()).await.unwrap();
+        async_nats::jetstream::new(client).delete_stream(ns).await.unwrap();
+    }
+    if config.claims.kind == StoreKind::Redis || config.broker.kind == BrokerKind::Redis {
+        let client = redis::Client::open(services::redis()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{ns}:*")).query_async(&mut conn).await.unwrap();
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL").arg(keys).query_async(&mut conn).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_postgres_two_workers_survive_sigkill() {
+    two_workers_survive_a_kill("redis-postgres.toml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_postgres_two_workers_survive_sigkill() {
+    two_workers_survive_a_kill("rabbitmq-postgres.toml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_postgres_two_workers_survive_sigkill() {
+    two_workers_survive_a_kill("nats-postgres.toml").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_two_workers_survive_sigkill() {
+    two_workers_survive_a_kill("embedded.toml").await;
+}
