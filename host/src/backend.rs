@@ -75,7 +75,11 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
             .with_context(|| format!("cannot create schema {namespace:?} (namespace) in {setting}.url"))?;
         conn.close().await.ok();
     }
-    let options = base.options([("search_path", namespace)]);
+    // The application name lets an operator see (and a test terminate) a
+    // deployment's connections in pg_stat_activity.
+    let options = base
+        .options([("search_path", namespace)])
+        .application_name(&format!("idem {namespace}"));
     let pool = PgPoolOptions::new()
         .max_connections(max_connections.max(2))
         .acquire_timeout(Duration::from_secs(10))

@@ -132,3 +132,40 @@ fn demo_json_reports_no_double_effect_and_nothing_lost() {
     }
     assert!(out.contains("OK: every message settled once"), "{out}");
 }
+
+/// `idem run` against servers that are not there, or that refuse the
+/// credentials: it fails at start, naming the setting to fix.
+#[test]
+fn unreachable_servers_and_wrong_credentials_name_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = plugin_dir().join("grant_credits.wasm");
+    let cases = [
+        ("[broker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n", "broker.url"),
+        ("[broker]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:1\"\n", "broker.url"),
+        ("[broker]\nkind = \"rabbitmq\"\nurl = \"amqp://guest:wrong@127.0.0.1:5672/%2f\"\n", "broker.url"),
+        (
+            "[claims]\nkind = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:5432/no_such_database\"\n[data]\nkind = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:5432/no_such_database\"\n",
+            "claims.url",
+        ),
+        ("[claims]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[data]\nkind = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:5432/test\"\n", "claims.url"),
+        ("[claims]\nkind = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:5432/test\"\n", "data.kind"),
+        ("[broker]\nkind = \"redis\"\n", "broker.url"),
+    ];
+    for (i, (section, setting)) in cases.iter().enumerate() {
+        let cfg = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "namespace = \"t_cli_{i}\"\n[database]\npath = \"c{i}.db\"\n{section}[plugins.grant-credits]\npath = \"{}\"\ncollections = [\"credits\"]\n",
+                plugin.display()
+            ),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let (ok, _, err) = idem(&["run", "--config", cfg.to_str().unwrap()]);
+        assert!(!ok, "case {i} must fail: {section}");
+        assert!(err.contains(setting), "case {i}: the error names {setting}: {err}");
+        assert!(!err.contains("wrong@"), "case {i}: the password is not printed: {err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "case {i} fails fast");
+    }
+}

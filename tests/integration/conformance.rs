@@ -328,7 +328,10 @@ pub struct Served {
 impl Served {
     pub async fn open(claims: StoreKind, data: StoreKind) -> Served {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = Config { namespace: crate::common::unique_namespace("conf"), ..Default::default() };
+        let mut config = Config {
+            namespace: crate::common::unique_namespace("conf"),
+            ..Default::default()
+        };
         config.database.path = dir.path().join("conformance.db");
         config.claims = StoreConfig {
             kind: claims,

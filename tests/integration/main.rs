@@ -12,5 +12,6 @@ mod cli;
 mod conformance;
 mod crash;
 mod guarantees;
+mod outage;
 mod pool;
 mod sandbox;

@@ -131,6 +131,19 @@ async fn two_workers_survive_a_kill(example_file: &str) {
     terminate(b);
     terminate(a2);
 
+    // What an operator sees.
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["stats", "--json", "--config"])
+        .arg(&config_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["pending"], 0, "{stats}");
+    assert_eq!(stats["in_flight"], 0, "{stats}");
+    assert_eq!(stats["done"], MESSAGES as u64 - 1, "{stats}");
+    assert_eq!(stats["dead_lettered"], 1, "{stats}");
+
     let report = verify(&backends, &mock, &schedule).await.unwrap();
     eprintln!("{example_file}: published {published}, killed at {killed_at} settled: {report:?}");
     assert_eq!(report.lost, 0, "{example_file}: {report:?}");

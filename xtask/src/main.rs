@@ -2,7 +2,8 @@
 //! `cargo xtask plugins`, `cargo xtask lint`.
 //!
 //! Each sets up what it needs on a fresh machine: the `wasm32-wasip2`
-//! target, the plugin components, the host binary. Everything built lands
+//! target, the plugin components, the host binary, and (for `test`) the
+//! services of `scripts/services.sh`. Everything built lands
 //! in `target/`: plugins in `target/plugins/wasm32-wasip2/plugin/`, the host
 //! in `target/release/`, one build shared by the demo and the tests.
 
@@ -32,12 +33,21 @@ fn try_main() -> Result<()> {
     match task {
         "demo" => {
             let plugins = build_plugins(&root)?;
-            cargo(&["build", "--release", "-p", "idem-host"])?;
+            // The same package set as `test`, so both share one build of the
+            // dependencies (features are unified per package set).
+            let mut build = Command::new("cargo");
+            build
+                .args(["build", "--release", "--workspace", "--exclude", "xtask"])
+                .args(plugin_excludes(&root)?);
+            run(&mut build)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("demo").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
         }
         "test" => {
+            // The suite runs against real PostgreSQL, Redis, RabbitMQ and
+            // NATS: check each answers, start (or install) what does not.
+            run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
             let plugins = build_plugins(&root)?;
             let mut cmd = Command::new("cargo");
             cmd.args(["test", "--release", "--workspace", "--exclude", "xtask"])

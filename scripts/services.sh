@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Make sure the services the test suite talks to answer on their default
+# local ports: PostgreSQL 5432 (database "test", user postgres, trust auth),
+# Redis 6379, RabbitMQ 5672 (guest/guest), NATS with JetStream 4222.
+# A service that does not answer is started; one that is not installed is
+# installed with apt-get first. Idempotent: on a machine where they all run,
+# it only checks.
+set -euo pipefail
+
+answers() { timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+wait_for() { # name port seconds
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do
+    if answers "$2"; then echo "services: $1 answers on $2"; return 0; fi
+    sleep 0.1
+  done
+  echo "services: $1 does not answer on 127.0.0.1:$2 after $3 s" >&2
+  return 1
+}
+
+apt_updated=""
+install() { # package...
+  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+postgres() {
+  answers 5432 && { echo "services: postgres answers on 5432"; return; }
+  command -v pg_ctlcluster >/dev/null || install postgresql
+  local version
+  version=$(ls /etc/postgresql | sort -V | tail -1)
+  local hba="/etc/postgresql/$version/main/pg_hba.conf"
+  if ! grep -q "idem-test" "$hba"; then
+    # The tests connect as postgres over TCP without a password.
+    sed -i '1i host all all 127.0.0.1/32 trust # idem-test\nhost all all ::1/128 trust # idem-test' "$hba"
+  fi
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  wait_for postgres 5432 30
+  su postgres -c "psql -tAc \"SELECT 1 FROM pg_database WHERE datname = 'test'\"" | grep -q 1 ||
+    su postgres -c "createdb test"
+}
+
+redis() {
+  command -v redis-server >/dev/null || install redis-server
+  answers 6379 && { echo "services: redis answers on 6379"; return; }
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_for redis 6379 20
+}
+
+rabbitmq() {
+  answers 5672 && { echo "services: rabbitmq answers on 5672"; return; }
+  command -v rabbitmq-server >/dev/null || install rabbitmq-server
+  rabbitmq-server -detached
+  wait_for rabbitmq 5672 90
+}
+
+nats() {
+  answers 4222 && { echo "services: nats answers on 4222"; return; }
+  command -v nats-server >/dev/null || install nats-server
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_for nats 4222 20
+}
+
+postgres
+redis
+rabbitmq
+nats

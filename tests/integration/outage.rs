@@ -1,0 +1,222 @@
+//! Services failing under a running pool: the claim store's Redis killed
+//! and restarted (G8, outage policy `reject`), and Postgres connections
+//! terminated by the server.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use idem_host::app::Pool;
+use idem_host::config::{BrokerKind, StoreConfig, StoreKind};
+use idem_host::demo::mock::Mock;
+use idem_host::demo::{demo_config, verify, Schedule};
+
+use crate::common::*;
+
+const MESSAGES: usize = 600;
+
+/// A Redis server of the test's own, on a free port, persisting every write
+/// (appendfsync always), so it can be SIGKILLed and restarted without
+/// forgetting claims.
+struct OwnRedis {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    fn start() -> OwnRedis {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut r = OwnRedis {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (.ci/run installs it)");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "own redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn drained(pool: &Pool, messages: u64) -> bool {
+    let Ok(c) = pool.backends.claims.counts().await else { return false };
+    let Ok(pending) = pool.backends.broker.pending().await else {
+        return false;
+    };
+    c.done + c.dead >= messages && c.running == 0 && c.retry == 0 && pending == 0 && pool.worker.in_flight() == 0
+}
+
+fn base_config(dir: &Path, mock: &Mock) -> idem_host::config::Config {
+    let mut config = demo_config(dir.join("idem.db"), &plugin_dir(), mock, 8);
+    config.namespace = unique_namespace("outage");
+    config.worker.lease_ms = 1_500;
+    config.worker.heartbeat_ms = Some(300);
+    config.worker.visibility_ms = 1_500;
+    config.worker.busy_retry_ms = 200;
+    config.worker.poll_idle_ms = 20;
+    config
+}
+
+/// G8 with `reject`: the claim store's Redis is SIGKILLed mid-run and
+/// restarted; the broker (the machine's Redis) keeps delivering. Workers
+/// leave deliveries unacked while claims are unreachable, count the
+/// decisions, and finish every message once the store is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
+    let mut own = OwnRedis::start();
+    let mut config = base_config(dir.path(), &mock);
+    config.broker.kind = BrokerKind::Redis;
+    config.broker.url = Some(services::redis());
+    config.claims = StoreConfig {
+        kind: StoreKind::Redis,
+        url: Some(own.url()),
+        max_connections: 8,
+    };
+    config.data = StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(services::postgres()),
+        max_connections: 8,
+    };
+
+    let pool = Pool::start(&config, None).await.unwrap();
+    mock.watch_journal(pool.backends.claims.clone());
+    let schedule = Schedule::new(MESSAGES, 5, &mock);
+    schedule.publish(pool.backends.broker.as_ref()).await.unwrap();
+
+    wait_until(Duration::from_secs(60), "a quarter of the messages to settle", || async {
+        pool.backends
+            .claims
+            .counts()
+            .await
+            .map(|c| c.done >= MESSAGES as u64 / 4)
+            .unwrap_or(false)
+    })
+    .await;
+    own.kill();
+    wait_until(Duration::from_secs(30), "the worker to apply the outage policy", || async {
+        pool.counters.snapshot().outage_decisions >= 3
+    })
+    .await;
+    let during = pool.counters.snapshot();
+    own.spawn();
+    wait_until(Duration::from_secs(120), "the queue to drain after the restart", || {
+        drained(&pool, MESSAGES as u64)
+    })
+    .await;
+
+    let report = verify(&pool.backends, &mock, &schedule).await.unwrap();
+    let after = pool.counters.snapshot();
+    pool.stop().await.unwrap();
+    eprintln!("outage decisions {}, report {report:?}", during.outage_decisions);
+    assert!(after.outage_decisions >= during.outage_decisions);
+    assert_eq!(report.lost, 0, "{report:?}");
+    assert_eq!(report.double_effects, 0, "{report:?}");
+    assert_eq!(report.calls_after_journal, 0, "{report:?}");
+    assert_eq!(report.missing_effects, 0, "{report:?}");
+    assert_eq!(report.effects, MESSAGES as u64 - 1, "{report:?}");
+    crate::pool::cleanup(&config).await;
+}
+
+/// The server terminates every Postgres connection of the pool mid-run;
+/// the workers reconnect and finish, nothing lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_terminated_mid_run_are_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
+    let mut config = base_config(dir.path(), &mock);
+    config.claims = StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(services::postgres()),
+        max_connections: 8,
+    };
+    config.data = StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(services::postgres()),
+        max_connections: 8,
+    };
+
+    let pool = Pool::start(&config, None).await.unwrap();
+    mock.watch_journal(pool.backends.claims.clone());
+    let schedule = Schedule::new(MESSAGES, 6, &mock);
+    schedule.publish(pool.backends.broker.as_ref()).await.unwrap();
+
+    let admin = sqlx::PgPool::connect(&services::postgres()).await.unwrap();
+    let application = format!("idem {}", config.namespace);
+    let mut terminated = 0i64;
+    for round in 1..=3u64 {
+        wait_until(Duration::from_secs(60), "more messages to settle", || async {
+            pool.backends
+                .claims
+                .counts()
+                .await
+                .map(|c| c.done >= round * MESSAGES as u64 / 5)
+                .unwrap_or(false)
+        })
+        .await;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&application)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        terminated += n;
+    }
+    assert!(terminated > 0, "the pool's connections were found by application_name");
+    wait_until(Duration::from_secs(120), "the queue to drain", || drained(&pool, MESSAGES as u64)).await;
+    let report = verify(&pool.backends, &mock, &schedule).await.unwrap();
+    pool.stop().await.unwrap();
+    eprintln!("terminated {terminated} connections, report {report:?}");
+    assert_eq!(report.lost, 0, "{report:?}");
+    assert_eq!(report.double_effects, 0, "{report:?}");
+    assert_eq!(report.calls_after_journal, 0, "{report:?}");
+    assert_eq!(report.missing_effects, 0, "{report:?}");
+    crate::pool::cleanup(&config).await;
+}
