@@ -54,10 +54,11 @@ pub async fn open_sqlite(config: &Config) -> Result<SqlitePool> {
 /// Connect to Postgres, create the namespace's schema if needed, and apply
 /// the migrations inside it. `setting` names the config section for errors.
 pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, setting: &str) -> Result<PgPool> {
+    let shown = crate::config::redact(url);
     let base = PgConnectOptions::from_str(url)
-        .with_context(|| format!("{setting}.url {url:?} is not a valid Postgres URL (postgres://user:password@host:port/database)"))?;
+        .with_context(|| format!("{setting}.url {shown:?} is not a valid Postgres URL (postgres://user:password@host:port/database)"))?;
     let hint = || {
-        format!("cannot connect to Postgres at {setting}.url = {url:?}: check that the server is running and the user, password and database are right")
+        format!("cannot connect to Postgres at {setting}.url = {shown:?}: check that the server is running and the user, password and database are right")
     };
     {
         use sqlx::Connection;

@@ -40,6 +40,20 @@ pub struct Config {
     pub plugins: BTreeMap<String, PluginConfig>,
 }
 
+/// A URL with its password replaced by `***`, for error messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &creds[..colon], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -408,9 +422,10 @@ impl Config {
 
     /// Check the settings that would otherwise fail later and less clearly.
     pub fn validate(&self) -> Result<()> {
-        if self.namespace.is_empty() || !self.namespace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+        if self.namespace.is_empty() || self.namespace.len() > 48 || !self.namespace.chars().all(valid) {
             bail!(
-                "namespace must be letters, digits and '_' (it names a Postgres schema, Redis keys, queues and streams), got {:?}",
+                "namespace must be 1 to 48 lowercase letters, digits and '_' (it names a Postgres schema, Redis keys, queues and streams), got {:?}",
                 self.namespace
             );
         }
@@ -491,6 +506,13 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        assert_eq!(redact("amqp://guest:secret@h:5672/%2f"), "amqp://guest:***@h:5672/%2f");
+        assert_eq!(redact("postgres://postgres@h/db"), "postgres://postgres@h/db");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
 
     #[test]
     fn plugin_limits_override_only_what_they_set() {

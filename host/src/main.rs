@@ -217,7 +217,10 @@ async fn run(config: Config) -> Result<()> {
     let pool = app::Pool::start(&config, None).await?;
     tracing::info!(
         plugins = %pool.runtime.plugin_names().join(", "),
-        database = %config.database.path.display(),
+        namespace = %config.namespace,
+        broker = ?config.broker.kind,
+        claims = ?config.claims.kind,
+        data = ?config.data.kind,
         concurrency = config.worker.concurrency,
         "idem worker running"
     );

@@ -99,13 +99,14 @@ impl NatsBroker {
     /// worker to start decides (keep `worker.visibility_ms` equal across a
     /// namespace).
     pub async fn connect(url: &str, namespace: &str, ack_wait: Duration) -> anyhow::Result<Self> {
+        let url_shown = crate::config::redact(url);
         if namespace.is_empty() || namespace.chars().any(|c| c.is_whitespace() || ".*>/\\".contains(c)) {
             bail!("namespace {namespace:?} cannot name a JetStream stream: use letters, digits and '_'");
         }
         if ack_wait.is_zero() {
             bail!("worker.visibility_ms must be above 0: it is the JetStream consumer's ack_wait");
         }
-        let hint = || format!("cannot connect to NATS at broker.url = {url:?}: is nats-server running with JetStream (-js)?");
+        let hint = || format!("cannot connect to NATS at broker.url = {url_shown:?}: is nats-server running with JetStream (-js)?");
         let client = async_nats::ConnectOptions::new()
             .name("idem")
             .connect(url)
@@ -126,13 +127,13 @@ impl NatsBroker {
             .await
             .with_context(|| {
                 format!(
-                    "NATS at broker.url = {url:?} cannot declare the stream {stream_name:?}: is nats-server running with JetStream (-js)?"
+                    "NATS at broker.url = {url_shown:?} cannot declare the stream {stream_name:?}: is nats-server running with JetStream (-js)?"
                 )
             })?;
         let config = &stream.cached_info().config;
         if !config.subjects.iter().any(|s| subject_matches(s, &subject)) {
             bail!(
-                "the JetStream stream {stream_name:?} at broker.url = {url:?} exists but does not take subject {subject:?} \
+                "the JetStream stream {stream_name:?} at broker.url = {url_shown:?} exists but does not take subject {subject:?} \
                  (its subjects: {:?}): add the subject to it, delete it, or choose another namespace",
                 config.subjects
             );
@@ -157,7 +158,7 @@ impl NatsBroker {
             ..Default::default()
         };
         let mut consumer: consumer::PullConsumer = stream.get_or_create_consumer(CONSUMER, wanted.clone()).await.with_context(|| {
-            format!("cannot declare the JetStream consumer {CONSUMER:?} on stream {stream_name:?} at broker.url = {url:?}")
+            format!("cannot declare the JetStream consumer {CONSUMER:?} on stream {stream_name:?} at broker.url = {url_shown:?}")
         })?;
         let existing = consumer.cached_info().config.clone();
         if existing.ack_wait != ack_wait || existing.max_ack_pending < MAX_ACK_PENDING || existing.max_deliver > 0 {

@@ -39,15 +39,22 @@ impl RedisClaims {
     /// Connect (the connection is re-established after Redis restarts).
     pub async fn connect(url: &str, namespace: &str) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let client =
-            redis::Client::open(url).with_context(|| format!("claims.url {url:?} is not a valid Redis URL (redis://host:port)"))?;
+        let client = redis::Client::open(url).with_context(|| {
+            format!(
+                "claims.url {:?} is not a valid Redis URL (redis://host:port)",
+                crate::config::redact(url)
+            )
+        })?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
             .set_response_timeout(Some(std::time::Duration::from_secs(5)))
             .set_number_of_retries(2);
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .with_context(|| format!("cannot connect to Redis at claims.url = {url:?}: is the server running?"))?;
+        let conn = ConnectionManager::new_with_config(client, config).await.with_context(|| {
+            format!(
+                "cannot connect to Redis at claims.url = {:?}: is the server running?",
+                crate::config::redact(url)
+            )
+        })?;
         Ok(RedisClaims {
             conn,
             ns: namespace.to_string(),

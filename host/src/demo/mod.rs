@@ -200,6 +200,35 @@ impl Schedule {
     /// A seeded schedule of `messages` distinct messages (one poison), with
     /// ~10% duplicated; marks slow and flaky references at the mock.
     pub fn new(messages: usize, seed: u64, mock: &Mock) -> Schedule {
+        Self::build(messages, seed, mock, |rng| {
+            let roll: f64 = rng.random();
+            if roll < 0.05 {
+                (1, 0)
+            } else if roll < 0.10 {
+                (0, 1)
+            } else {
+                (0, 0)
+            }
+        })
+    }
+
+    /// The chaos schedule: every message published 1 to 3 times; each extra
+    /// copy either right behind the first (concurrent) or a few seconds
+    /// later.
+    pub fn chaos(messages: usize, seed: u64, mock: &Mock) -> Schedule {
+        Self::build(messages, seed, mock, |rng| {
+            let extra = rng.random_range(0..=2u32);
+            let now = (0..extra).filter(|_| rng.random::<bool>()).count() as u32;
+            (now, extra - now)
+        })
+    }
+
+    /// Publishes beyond one per message.
+    pub fn duplicates(&self) -> u64 {
+        (self.now_batch.len() + self.late_batch.len()) as u64 - self.messages()
+    }
+
+    fn build(messages: usize, seed: u64, mock: &Mock, mut copies: impl FnMut(&mut rand::rngs::StdRng) -> (u32, u32)) -> Schedule {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let planned = plan(messages, &mut rng);
         let mut crash_keys = HashSet::new();
@@ -218,16 +247,17 @@ impl Schedule {
                 }
             }
         }
-        // Duplicates of ~10% of messages: half back to back (they run
-        // concurrently), half a few seconds later (after the first is done).
+        // Extra copies right behind the first run concurrently with it;
+        // late ones arrive after it is (usually) done.
         let mut now_batch = Vec::new();
         let mut late_batch = Vec::new();
         for p in &planned {
             now_batch.push(p.envelope.clone());
-            let roll: f64 = rng.random();
-            if roll < 0.05 {
+            let (now, late) = copies(&mut rng);
+            for _ in 0..now {
                 now_batch.push(p.envelope.clone());
-            } else if roll < 0.10 {
+            }
+            for _ in 0..late {
                 late_batch.push(p.envelope.clone());
             }
         }

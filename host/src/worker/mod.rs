@@ -428,9 +428,13 @@ impl Worker {
                 }
                 Ok(_) => {
                     Counters::inc(&c.fence_rejections);
-                    tracing::warn!("confirm refused: the claim was taken over; not acking");
+                    tracing::warn!("confirm refused: the claim was taken over; handing the delivery back");
+                    self.hand_back(&d.receipt).await;
                 }
-                Err(e) => tracing::warn!(error = %e, "confirm failed; the delivery will be redelivered"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "confirm failed; handing the delivery back");
+                    self.hand_back(&d.receipt).await;
+                }
             },
             Outcome::Permanent(reason) => {
                 Counters::inc(&c.permanent_errors);
@@ -444,7 +448,8 @@ impl Worker {
             }
             Outcome::FenceLost => {
                 Counters::inc(&c.fence_rejections);
-                tracing::warn!("execution stopped: the claim was taken over; not settling");
+                tracing::warn!("execution stopped: the claim was taken over; handing the delivery back");
+                self.hand_back(&d.receipt).await;
             }
             Outcome::Crashed => {
                 tracing::info!("simulated crash: abandoning the execution without settling");
@@ -485,8 +490,12 @@ impl Worker {
             Ok(false) => {
                 Counters::inc(&self.counters.fence_rejections);
                 tracing::warn!("release refused: the claim was taken over");
+                self.hand_back(&d.receipt).await;
             }
-            Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire and the message be redelivered"),
+            Err(e) => {
+                tracing::warn!(error = %e, "release failed; the lease will expire and the message be redelivered");
+                self.hand_back(&d.receipt).await;
+            }
         }
     }
 
@@ -510,8 +519,12 @@ impl Worker {
             Ok(_) => {
                 Counters::inc(&self.counters.fence_rejections);
                 tracing::warn!("dead-letter refused: the claim was taken over");
+                self.hand_back(&d.receipt).await;
             }
-            Err(e) => tracing::warn!(error = %e, "dead-letter failed; the message will be redelivered"),
+            Err(e) => {
+                tracing::warn!(error = %e, "dead-letter failed; the message will be redelivered");
+                self.hand_back(&d.receipt).await;
+            }
         }
     }
 
@@ -523,6 +536,15 @@ impl Worker {
             // The outcome is durable already: a redelivery finds it settled.
             tracing::warn!(error = %e, "ack failed; the settled message will be redelivered and acked as a duplicate");
         }
+    }
+
+    /// A delivery this worker will not settle goes back to the broker
+    /// (never acked): the claim's owner settles the message, and the
+    /// redelivery then finds it done (a duplicate) or busy. Without this a
+    /// broker with no visibility timeout (RabbitMQ) would hold it until the
+    /// connection closed.
+    async fn hand_back(&self, receipt: &str) {
+        self.nack(receipt, self.options.busy_retry).await;
     }
 
     async fn nack(&self, receipt: &str, delay: Duration) {
