@@ -12,6 +12,7 @@ pub mod app;
 pub mod backend;
 pub mod broker;
 pub mod capabilities;
+pub mod chaos;
 pub mod claim;
 pub mod config;
 pub mod demo;

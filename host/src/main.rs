@@ -53,6 +53,9 @@ enum Command {
     /// The demo: duplicates, concurrent redeliveries, crashes and poison
     /// against the example plugins, on a throwaway embedded database.
     Demo(demo::DemoArgs),
+    /// Run an example deployment (several worker processes) under injected
+    /// faults and check that nothing was lost or doubled.
+    Chaos(idem_host::chaos::ChaosArgs),
 }
 
 #[derive(Args, Clone)]
@@ -134,7 +137,7 @@ fn main() -> ExitCode {
     let default_level = match &cli.command {
         Command::Run(_) => "info",
         // The demo's warnings (traps, lost leases) are its planned faults.
-        Command::Demo(_) => "error",
+        Command::Demo(_) | Command::Chaos(_) => "error",
         _ => "warn",
     };
     init_tracing(cli.log_format, default_level);
@@ -207,6 +210,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo(args) => demo::main(args).await,
+        Command::Chaos(args) => idem_host::chaos::main(args).await,
     }
 }
 

@@ -1,5 +1,5 @@
 //! Developer commands: `cargo xtask demo [-- ARGS]`, `cargo xtask test`,
-//! `cargo xtask plugins`, `cargo xtask lint`.
+//! `cargo xtask chaos [-- ARGS]`, `cargo xtask plugins`, `cargo xtask lint`.
 //!
 //! Each sets up what it needs on a fresh machine: the `wasm32-wasip2`
 //! target, the plugin components, the host binary, and (for `test`) the
@@ -54,6 +54,31 @@ fn try_main() -> Result<()> {
                 .args(plugin_excludes(&root)?)
                 .env("IDEM_PLUGIN_DIR", &plugins)
                 .args(&rest);
+            run(&mut cmd)?;
+            // A CI-sized chaos run per example deployment, on the binary the
+            // tests just built. Fixed seeds keep CI reproducible; run
+            // `cargo xtask chaos -- --config FILE` for new seeds.
+            if rest.is_empty() {
+                for (config, seed) in [("embedded", 101), ("redis-postgres", 102), ("rabbitmq-postgres", 103), ("nats-postgres", 104)] {
+                    let mut chaos = Command::new(root.join("target/release/idem"));
+                    chaos
+                        .args(["chaos", "--messages", "2000", "--timeout-secs", "300", "--seed", &seed.to_string(), "--config"])
+                        .arg(root.join("examples").join(format!("{config}.toml")))
+                        .arg("--plugins")
+                        .arg(&plugins);
+                    run(&mut chaos)?;
+                }
+            }
+            Ok(())
+        }
+        "chaos" => {
+            run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
+            let plugins = build_plugins(&root)?;
+            let mut build = Command::new("cargo");
+            build.args(["build", "--release", "--workspace", "--exclude", "xtask"]).args(plugin_excludes(&root)?);
+            run(&mut build)?;
+            let mut cmd = Command::new(root.join("target/release/idem"));
+            cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
         }
         "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
@@ -88,7 +113,7 @@ fn try_main() -> Result<()> {
             run(&mut cmd)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | plugins | lint>");
+            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | plugins | lint>");
             if task == "help" {
                 Ok(())
             } else {

@@ -430,6 +430,25 @@ pub struct AmqpBroker {
 }
 
 impl AmqpBroker {
+    /// Delete a namespace's queues and exchange (tests and chaos runs).
+    pub async fn delete_namespace(url: &str, namespace: &str) -> anyhow::Result<()> {
+        let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+        let ch = conn.create_channel().await?;
+        let mut queues = vec![format!("{namespace}.queue"), format!("{namespace}.dead")];
+        queues.extend(DELAY_BUCKETS_MS.iter().map(|ms| format!("{namespace}.delay.{ms}")));
+        for q in queues {
+            ch.queue_delete(q.as_str().into(), lapin::options::QueueDeleteOptions::default())
+                .await?;
+        }
+        ch.exchange_delete(
+            format!("{namespace}.dead").as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await?;
+        conn.close(200, "OK".into()).await?;
+        Ok(())
+    }
+
     /// Connect to the server at `url` (`amqp://user:password@host:port/vhost`,
     /// vhost `/` written `%2f`) and declare the queues and exchange of
     /// `namespace` (idempotent; workers sharing a namespace share them).

@@ -1,0 +1,544 @@
+//! `idem chaos`: a real deployment under injected faults, checked exactly.
+//!
+//! It takes one of the example configurations, points it at a namespace of
+//! its own, a local mock of the payment/inventory/email APIs and the built
+//! plugins, starts several `idem run` processes, publishes a seeded
+//! schedule (every message 1 to 3 times, some copies concurrent), and while
+//! the workers run it injects faults at random moments: SIGKILL of a worker
+//! (restarted after a pause), SIGKILL and restart of Redis (a Redis of its
+//! own, persisting every write, so a restart is a crash, not a wipe),
+//! termination of the deployment's Postgres connections, and closing of
+//! the broker connections. When the queue has drained it checks every
+//! message (done or dead-lettered, only the poison message dead), every
+//! effect (stored once, performed once at the mock), and that no journaled
+//! call reached an endpoint again. The seed is printed so a failing run can
+//! be replayed.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::config::{BrokerKind, Config, StoreKind};
+use crate::demo::mock::Mock;
+use crate::demo::{demo_config, verify, Schedule};
+
+/// Arguments of `idem chaos`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChaosArgs {
+    /// The deployment to torment: one of the example configurations.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Distinct messages.
+    #[arg(long, default_value_t = 10_000)]
+    pub messages: usize,
+    /// Seed of the schedule and of the faults (random when omitted; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Directory holding the built plugin components.
+    #[arg(long, env = "IDEM_PLUGIN_DIR", default_value = "target/plugins/wasm32-wasip2/plugin")]
+    pub plugins: PathBuf,
+    /// Print one JSON object as the last line.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up if the queue has not drained after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout_secs: u64,
+}
+
+/// What a chaos run did and found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChaosReport {
+    /// Replays the run.
+    pub seed: u64,
+    /// The configuration file.
+    pub config: String,
+    /// Distinct messages.
+    pub messages: u64,
+    /// Publishes, duplicates included.
+    pub published: u64,
+    /// Publishes beyond one per message.
+    pub duplicates: u64,
+    /// Worker processes.
+    pub workers: u64,
+    /// Workers SIGKILLed (each restarted).
+    pub kills: u64,
+    /// Redis SIGKILLed and restarted.
+    pub redis_restarts: u64,
+    /// Rounds of Postgres connection termination.
+    pub postgres_terminations: u64,
+    /// Rounds of broker connections closed by the server.
+    pub broker_disconnects: u64,
+    /// Distinct messages whose effect is stored.
+    pub effects: u64,
+    /// Distinct effectful messages.
+    pub expected_effects: u64,
+    /// Effects performed more than once at the mock (must be 0).
+    pub double_effects: u64,
+    /// Requests for a step already journaled (must be 0).
+    pub calls_after_journal: u64,
+    /// Messages neither done nor dead-lettered (must be 0).
+    pub lost: u64,
+    /// Effectful messages with a missing effect (must be 0).
+    pub missing_effects: u64,
+    /// Dead letters.
+    pub dead_letters: u64,
+    /// Dead letters other than the poison message (must be 0).
+    pub unexpected_dead_letters: u64,
+    /// Requests that reached the mock APIs.
+    pub external_calls: u64,
+    /// Wall time.
+    pub elapsed_ms: u64,
+    /// Every check held.
+    pub ok: bool,
+}
+
+/// Kills per run at least, whatever the size.
+const MIN_KILLS: u64 = 3;
+
+#[derive(Clone, Copy)]
+enum Fault {
+    Kill,
+    RedisRestart,
+    PostgresTerminate,
+    BrokerDisconnect,
+}
+
+/// A Redis server of the run's own, persisting every write.
+struct OwnRedis {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    fn start() -> Result<OwnRedis> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut r = OwnRedis {
+            port,
+            dir: tempfile::tempdir()?,
+            child: None,
+        };
+        r.spawn()?;
+        Ok(r)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start redis-server (install Debian's redis-server package)")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("redis-server on port {} did not start", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Workers {
+    config: PathBuf,
+    logs: PathBuf,
+    children: Vec<Option<Child>>,
+    log_of: Vec<PathBuf>,
+    spawned: usize,
+}
+
+impl Workers {
+    fn spawn(&mut self, slot: usize) -> Result<()> {
+        self.spawned += 1;
+        self.log_of[slot] = self.logs.join(format!("worker-{}.log", self.spawned));
+        let log = std::fs::File::create(&self.log_of[slot])?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .env("IDEM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("cannot start a worker process")?;
+        self.children[slot] = Some(child);
+        Ok(())
+    }
+
+    /// A worker that exited on its own: its log's last lines.
+    fn exited(&mut self) -> Option<String> {
+        for slot in 0..self.children.len() {
+            if let Some(c) = &mut self.children[slot] {
+                if let Ok(Some(status)) = c.try_wait() {
+                    let text = std::fs::read_to_string(&self.log_of[slot]).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                    return Some(format!(
+                        "a worker exited by itself ({status}): {}",
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    fn kill(&mut self, slot: usize) {
+        if let Some(mut c) = self.children[slot].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for slot in 0..self.children.len() {
+            if let Some(c) = &self.children[slot] {
+                let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for slot in 0..self.children.len() {
+            if let Some(mut c) = self.children[slot].take() {
+                while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for slot in 0..self.children.len() {
+            self.kill(slot);
+        }
+    }
+}
+
+/// The example configuration, pointed at the run's namespace, mock,
+/// plugins and (where Redis is used) its own Redis.
+fn chaos_config(args: &ChaosArgs, dir: &Path, mock: &Mock, redis: Option<&OwnRedis>, seed: u64) -> Result<Config> {
+    let mut config = Config::load(&args.config)?;
+    // Absolute: the workers read the config from another directory.
+    let plugins = std::fs::canonicalize(&args.plugins).with_context(|| {
+        format!(
+            "plugin directory {} not found: build the plugins with `cargo xtask plugins`",
+            args.plugins.display()
+        )
+    })?;
+    let demo = demo_config(dir.join("idem.db"), &plugins, mock, 8);
+    config.namespace = format!("chaos_{}_{}", seed % 1_000_000, &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    config.database.path = dir.join("idem.db");
+    config.endpoints = demo.endpoints;
+    for (name, plugin) in config.plugins.iter_mut() {
+        plugin.path = demo
+            .plugins
+            .get(name)
+            .map(|p| p.path.clone())
+            .unwrap_or_else(|| plugin.path.clone());
+    }
+    if let Some(r) = redis {
+        if config.broker.kind == BrokerKind::Redis {
+            config.broker.url = Some(r.url());
+        }
+        if config.claims.kind == StoreKind::Redis {
+            config.claims.url = Some(r.url());
+        }
+    }
+    // Leases and visibility shorter than the slow handlers: the heartbeat
+    // must carry them, and a killed worker's work comes back quickly.
+    config.worker.concurrency = 8;
+    config.worker.lease_ms = 1_500;
+    config.worker.heartbeat_ms = Some(400);
+    config.worker.visibility_ms = 1_200;
+    config.worker.busy_retry_ms = 250;
+    config.worker.poll_idle_ms = 20;
+    config.retry.base_delay_ms = 50;
+    config.retry.max_delay_ms = 1_000;
+    config.retry.max_attempts = 8;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Run the chaos schedule and return the report (no printing besides logs).
+pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
+    let started = Instant::now();
+    let seed = args.seed.unwrap_or_else(rand::random);
+    eprintln!("idem chaos: seed {seed} (replay with --seed {seed})");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
+    let dir = tempfile::tempdir()?;
+    let mock = Mock::start(Duration::from_millis(1_500)).await?;
+
+    let probe = Config::load(&args.config)?;
+    let uses_redis = probe.broker.kind == BrokerKind::Redis || probe.claims.kind == StoreKind::Redis;
+    let mut redis = if uses_redis { Some(OwnRedis::start()?) } else { None };
+    let config = chaos_config(args, dir.path(), &mock, redis.as_ref(), seed)?;
+    let config_path = dir.path().join("idem.toml");
+    std::fs::write(&config_path, toml::to_string(&config)?)?;
+    let uses_postgres = config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres;
+
+    let backends = crate::backend::open(&config).await?;
+    mock.watch_journal(backends.claims.clone());
+    let schedule = Schedule::chaos(args.messages, seed, &mock);
+    let mut report = ChaosReport {
+        seed,
+        config: args.config.display().to_string(),
+        messages: schedule.messages(),
+        duplicates: schedule.duplicates(),
+        workers: args.workers as u64,
+        ..Default::default()
+    };
+
+    let mut workers = Workers {
+        config: config_path.clone(),
+        logs: dir.path().to_path_buf(),
+        children: (0..args.workers).map(|_| None).collect(),
+        log_of: vec![PathBuf::new(); args.workers],
+        spawned: 0,
+    };
+    for slot in 0..args.workers {
+        workers.spawn(slot)?;
+    }
+    report.published = schedule.publish(backends.broker.as_ref()).await?;
+
+    let messages = schedule.messages();
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut next_fault = Instant::now() + Duration::from_millis(rng.random_range(800..2_000));
+    loop {
+        if let Some(why) = workers.exited() {
+            workers.stop_all();
+            bail!("seed {seed}: {why}");
+        }
+        let counts = backends.claims.counts().await.ok();
+        let settled = counts.as_ref().map(|c| c.done + c.dead).unwrap_or(0);
+        // Faults until 90% has settled (and at least MIN_KILLS kills), so
+        // that the run ends with every worker up.
+        let faulting = settled < messages * 9 / 10 || report.kills < MIN_KILLS;
+        if faulting && settled < messages && Instant::now() >= next_fault {
+            let mut menu = vec![Fault::Kill, Fault::Kill];
+            if report.kills >= MIN_KILLS || settled < messages * 9 / 10 {
+                if redis.is_some() {
+                    menu.push(Fault::RedisRestart);
+                }
+                if uses_postgres {
+                    menu.push(Fault::PostgresTerminate);
+                }
+                if matches!(config.broker.kind, BrokerKind::Redis | BrokerKind::Rabbitmq) {
+                    menu.push(Fault::BrokerDisconnect);
+                }
+            }
+            match menu[rng.random_range(0..menu.len())] {
+                Fault::Kill => {
+                    let slot = rng.random_range(0..args.workers);
+                    workers.kill(slot);
+                    report.kills += 1;
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(100..800))).await;
+                    workers.spawn(slot)?;
+                }
+                Fault::RedisRestart => {
+                    let r = redis.as_mut().expect("on the menu only with a Redis");
+                    r.kill();
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(100..800))).await;
+                    r.spawn()?;
+                    report.redis_restarts += 1;
+                }
+                Fault::PostgresTerminate => {
+                    terminate_postgres(&config).await?;
+                    report.postgres_terminations += 1;
+                }
+                Fault::BrokerDisconnect => {
+                    if disconnect_broker(&config, redis.as_ref()).await? {
+                        report.broker_disconnects += 1;
+                    }
+                }
+            }
+            next_fault = Instant::now() + Duration::from_millis(rng.random_range(300..1_200));
+        }
+        if let Some(c) = &counts {
+            let pending = backends.broker.pending().await.unwrap_or(u64::MAX);
+            if settled >= messages && c.running == 0 && c.retry == 0 && pending == 0 {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            workers.stop_all();
+            bail!(
+                "seed {seed}: the queue did not drain within {} s ({counts:?}); worker logs in {}",
+                args.timeout_secs,
+                dir.keep().display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    workers.stop_all();
+
+    let checked = verify(&backends, &mock, &schedule).await?;
+    let letters = backends.claims.dead_letters(i64::MAX).await?;
+    report.effects = checked.effects;
+    report.expected_effects = checked.expected_effects;
+    report.double_effects = checked.double_effects;
+    report.calls_after_journal = checked.calls_after_journal;
+    report.lost = checked.lost;
+    report.missing_effects = checked.missing_effects;
+    report.external_calls = checked.external_calls;
+    report.dead_letters = letters.len() as u64;
+    report.unexpected_dead_letters = letters.iter().filter(|d| d.plugin != "poison").count() as u64;
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    report.ok = report.double_effects == 0
+        && report.calls_after_journal == 0
+        && report.lost == 0
+        && report.missing_effects == 0
+        && report.unexpected_dead_letters == 0
+        && report.effects == report.expected_effects;
+    if report.ok {
+        cleanup(&config).await;
+    } else {
+        eprintln!("idem chaos: worker logs kept in {}", dir.keep().display());
+    }
+    drop(redis);
+    Ok(report)
+}
+
+async fn terminate_postgres(config: &Config) -> Result<()> {
+    let url = config.claims.url.clone().or(config.data.url.clone()).context("postgres url")?;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()")
+        .bind(format!("idem {}", config.namespace))
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// Close the deployment's broker connections from the server side; false
+/// when the broker offers no way to do that here.
+async fn disconnect_broker(config: &Config, redis: Option<&OwnRedis>) -> Result<bool> {
+    match config.broker.kind {
+        BrokerKind::Redis => {
+            let Some(r) = redis else { return Ok(false) };
+            let client = ::redis::Client::open(r.url())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            // Every client but this one: workers reconnect.
+            let _: i64 = ::redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("normal")
+                .arg("SKIPME")
+                .arg("yes")
+                .query_async(&mut conn)
+                .await?;
+            Ok(true)
+        }
+        BrokerKind::Rabbitmq => {
+            let out = Command::new("rabbitmqctl")
+                .args(["-q", "list_connections", "pid", "user_provided_name"])
+                .output();
+            let Ok(out) = out else { return Ok(false) };
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mut closed = false;
+            for line in text.lines().filter(|l| l.contains(&format!("{}.queue", config.namespace))) {
+                if let Some(pid) = line.split_whitespace().next() {
+                    let _ = Command::new("rabbitmqctl")
+                        .args(["-q", "close_connection", pid, "idem chaos"])
+                        .status();
+                    closed = true;
+                }
+            }
+            Ok(closed)
+        }
+        BrokerKind::Nats | BrokerKind::Sqlite => Ok(false),
+    }
+}
+
+async fn cleanup(config: &Config) {
+    let ns = &config.namespace;
+    if config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres {
+        if let Some(url) = config.claims.url.clone().or(config.data.url.clone()) {
+            if let Ok(pool) = sqlx::PgPool::connect(&url).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{ns}\" CASCADE")))
+                    .execute(&pool)
+                    .await;
+            }
+        }
+    }
+    if let (BrokerKind::Rabbitmq, Some(url)) = (config.broker.kind, &config.broker.url) {
+        let _ = crate::broker::amqp::AmqpBroker::delete_namespace(url, ns).await;
+    }
+    if let (BrokerKind::Nats, Some(url)) = (config.broker.kind, &config.broker.url) {
+        if let Ok(client) = async_nats::connect(url.as_str()).await {
+            let _ = async_nats::jetstream::new(client).delete_stream(ns).await;
+        }
+    }
+}
+
+/// `idem chaos`: run, print the report, exit non-zero on any violation.
+pub async fn main(args: ChaosArgs) -> Result<ExitCode> {
+    let report = run(&args).await?;
+    eprintln!(
+        "idem chaos: {} messages ({} publishes), {} workers, {} kills, {} Redis restarts, {} Postgres terminations, {} broker disconnects",
+        report.messages,
+        report.published,
+        report.workers,
+        report.kills,
+        report.redis_restarts,
+        report.postgres_terminations,
+        report.broker_disconnects
+    );
+    eprintln!(
+        "idem chaos: effects {}/{}, double effects {}, calls after journal {}, lost {}, missing {}, dead letters {} ({} unexpected) in {:.1} s: {}",
+        report.effects,
+        report.expected_effects,
+        report.double_effects,
+        report.calls_after_journal,
+        report.lost,
+        report.missing_effects,
+        report.dead_letters,
+        report.unexpected_dead_letters,
+        report.elapsed_ms as f64 / 1000.0,
+        if report.ok { "OK" } else { "VIOLATION" }
+    );
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
