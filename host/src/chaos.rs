@@ -382,15 +382,16 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
                     r.spawn()?;
                     report.redis_restarts += 1;
                 }
-                Fault::PostgresTerminate => {
-                    terminate_postgres(&config).await?;
-                    report.postgres_terminations += 1;
-                }
-                Fault::BrokerDisconnect => {
-                    if disconnect_broker(&config, redis.as_ref()).await? {
-                        report.broker_disconnects += 1;
-                    }
-                }
+                // A fault that could not be injected is reported, not fatal.
+                Fault::PostgresTerminate => match terminate_postgres(&config).await {
+                    Ok(()) => report.postgres_terminations += 1,
+                    Err(e) => eprintln!("idem chaos: could not terminate Postgres connections: {e:#}"),
+                },
+                Fault::BrokerDisconnect => match disconnect_broker(&config, redis.as_ref()).await {
+                    Ok(true) => report.broker_disconnects += 1,
+                    Ok(false) => {}
+                    Err(e) => eprintln!("idem chaos: could not disconnect the broker: {e:#}"),
+                },
             }
             next_fault = Instant::now() + Duration::from_millis(rng.random_range(300..1_200));
         }
@@ -441,7 +442,11 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
 
 async fn terminate_postgres(config: &Config) -> Result<()> {
     let url = config.claims.url.clone().or(config.data.url.clone()).context("postgres url")?;
-    let pool = sqlx::PgPool::connect(&url).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&url)
+        .await?;
     sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()")
         .bind(format!("idem {}", config.namespace))
         .execute(&pool)

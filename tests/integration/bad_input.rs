@@ -114,3 +114,50 @@ async fn key_reused_with_a_different_payload_is_a_conflict() {
     assert_eq!(state(&pool, "record-payment", "pay-x").await.as_deref(), Some("done"));
     pool.stop().await.unwrap();
 }
+
+/// Entries written to the Redis stream by something other than Idem, with
+/// fields missing: dead-lettered with a reason, the pool goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_envelopes_from_the_broker_are_dead_lettered() {
+    let mut env = Env::new().await;
+    env.config.namespace = unique_namespace("badenv");
+    env.config.broker.kind = idem_host::config::BrokerKind::Redis;
+    env.config.broker.url = Some(services::redis());
+    let pool = env.start().await;
+    let client = redis::Client::open(services::redis()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{}:queue", env.config.namespace);
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("garbage")
+        .arg("\u{0}\u{1}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("id")
+        .arg("no-handler")
+        .arg("payload")
+        .arg("{}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    pool.backends
+        .broker
+        .publish(
+            &[envelope("fine", "grant-credits", json!({ "user": "u", "balance": 1 }))],
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    drain(&pool).await;
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert!(letters.iter().all(|d| d.reason.starts_with("malformed envelope")), "{letters:?}");
+    assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 1);
+    pool.stop().await.unwrap();
+    crate::pool::cleanup(&env.config).await;
+}

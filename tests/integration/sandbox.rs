@@ -167,3 +167,48 @@ async fn a_hostile_message_does_not_stop_the_pool() {
     assert_eq!(state(&pool, "hostile", "attack-loop").await.as_deref(), Some("dead"));
     pool.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_error_text_is_truncated() {
+    let (reason, c) = attack("huge-result").await;
+    assert!(reason.len() < 5_000, "{} bytes", reason.len());
+    assert!(reason.ends_with("[truncated]"), "{}", &reason[reason.len() - 40..]);
+    assert_eq!(c.permanent_errors, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_value_is_refused_as_too_large() {
+    let (reason, _) = attack("huge-value").await;
+    assert!(reason.contains("exceeds limits.max_value_bytes"), "{reason}");
+}
+
+/// Collection names and keys are data, never SQL, on every store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_looking_collection_names_are_stored_literally() {
+    let mut env = Env::new().await;
+    let evil = "x'); DROP TABLE kv; --";
+    env.config.plugins.get_mut("hostile").unwrap().collections.push(evil.into());
+    let pool = env.start().await;
+    pool.backends
+        .broker
+        .publish(
+            &[
+                envelope("inj", "hostile", json!({ "mode": "injection" })),
+                envelope("ok-after", "hostile", json!({ "mode": "ok" })),
+            ],
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    drain(&pool).await;
+    assert_eq!(
+        pool.backends.data.scan(evil).await.unwrap(),
+        vec![(evil.to_string(), b"\"stored literally\"".to_vec())]
+    );
+    assert_eq!(
+        pool.backends.data.scan("hostile").await.unwrap().len(),
+        1,
+        "the kv table still works"
+    );
+    pool.stop().await.unwrap();
+}

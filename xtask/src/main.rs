@@ -59,10 +59,24 @@ fn try_main() -> Result<()> {
             // tests just built. Fixed seeds keep CI reproducible; run
             // `cargo xtask chaos -- --config FILE` for new seeds.
             if rest.is_empty() {
-                for (config, seed) in [("embedded", 101), ("redis-postgres", 102), ("rabbitmq-postgres", 103), ("nats-postgres", 104)] {
+                for (config, seed) in [
+                    ("embedded", 101),
+                    ("redis-postgres", 102),
+                    ("rabbitmq-postgres", 103),
+                    ("nats-postgres", 104),
+                ] {
                     let mut chaos = Command::new(root.join("target/release/idem"));
                     chaos
-                        .args(["chaos", "--messages", "2000", "--timeout-secs", "300", "--seed", &seed.to_string(), "--config"])
+                        .args([
+                            "chaos",
+                            "--messages",
+                            "2000",
+                            "--timeout-secs",
+                            "300",
+                            "--seed",
+                            &seed.to_string(),
+                            "--config",
+                        ])
                         .arg(root.join("examples").join(format!("{config}.toml")))
                         .arg("--plugins")
                         .arg(&plugins);
@@ -75,7 +89,9 @@ fn try_main() -> Result<()> {
             run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
             let plugins = build_plugins(&root)?;
             let mut build = Command::new("cargo");
-            build.args(["build", "--release", "--workspace", "--exclude", "xtask"]).args(plugin_excludes(&root)?);
+            build
+                .args(["build", "--release", "--workspace", "--exclude", "xtask"])
+                .args(plugin_excludes(&root)?);
             run(&mut build)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);

@@ -345,6 +345,12 @@ impl Worker {
 
     fn validate(&self, d: &Delivery) -> Result<(Arc<Plugin>, String), String> {
         let e = &d.envelope;
+        if e.handler.is_empty() {
+            return Err(format!(
+                "malformed envelope: the delivery names no handler (message id {:?}); publish with `idem publish` or set the idem handler header/field",
+                e.id
+            ));
+        }
         let Some(plugin) = self.runtime.plugin(&e.handler) else {
             return Err(format!(
                 "unknown handler {:?}: no plugin of that name is loaded (loaded: {}); publish to one of them or add it under [plugins]",

@@ -5,7 +5,9 @@
 //! recurses without bound, `ungranted-collection` and `ungranted-endpoint`
 //! use capabilities the plugin was not granted, `huge-log` floods the log,
 //! `huge-stdout` floods standard output, `host-call-loop` calls the host
-//! forever (stopped by the wall-clock timeout); `ok` writes one granted value.
+//! forever (stopped by the wall-clock timeout), `huge-result` returns a
+//! 2 MiB error, `huge-value` stores 2 MiB, `injection` writes SQL-looking
+//! collection names and keys; `ok` writes one granted value.
 
 use idem_sdk::{effects, log, store, Message, Result};
 use serde::Deserialize;
@@ -55,6 +57,17 @@ fn handle(msg: Message) -> Result<()> {
         "host-call-loop" => loop {
             std::hint::black_box(store::collection("hostile").get_bytes("nothing")?);
         },
+        "huge-result" => Err(idem_sdk::permanent("r".repeat(2 << 20))),
+        "huge-value" => {
+            store::collection("hostile").upsert_bytes(&msg.key, &vec![7u8; 2 << 20])?;
+            Ok(())
+        }
+        "injection" => {
+            // A granted collection whose name and key are SQL: stored as text.
+            let evil = "x'); DROP TABLE kv; --";
+            store::collection(evil).upsert(evil, &"stored literally")?;
+            Ok(())
+        }
         "huge-log" => {
             let line = "x".repeat(64 * 1024);
             for _ in 0..10_000 {
