@@ -440,8 +440,19 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     Ok(report)
 }
 
+/// The Postgres URL of whichever role lives there.
+fn postgres_url(config: &Config) -> Option<String> {
+    if config.data.kind == StoreKind::Postgres {
+        config.data.url.clone()
+    } else if config.claims.kind == StoreKind::Postgres {
+        config.claims.url.clone()
+    } else {
+        None
+    }
+}
+
 async fn terminate_postgres(config: &Config) -> Result<()> {
-    let url = config.claims.url.clone().or(config.data.url.clone()).context("postgres url")?;
+    let url = postgres_url(config).context("the deployment uses no Postgres")?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(5))
@@ -476,7 +487,7 @@ async fn disconnect_broker(config: &Config, redis: Option<&OwnRedis>) -> Result<
         }
         BrokerKind::Rabbitmq => {
             let out = Command::new("rabbitmqctl")
-                .args(["-q", "list_connections", "pid", "user_provided_name"])
+                .args(["-q", "list_connections", "--no-table-headers", "pid", "client_properties"])
                 .output();
             let Ok(out) = out else { return Ok(false) };
             let text = String::from_utf8_lossy(&out.stdout);
@@ -498,7 +509,7 @@ async fn disconnect_broker(config: &Config, redis: Option<&OwnRedis>) -> Result<
 async fn cleanup(config: &Config) {
     let ns = &config.namespace;
     if config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres {
-        if let Some(url) = config.claims.url.clone().or(config.data.url.clone()) {
+        if let Some(url) = postgres_url(config) {
             if let Ok(pool) = sqlx::PgPool::connect(&url).await {
                 let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{ns}\" CASCADE")))
                     .execute(&pool)

@@ -97,6 +97,7 @@ fn try_main() -> Result<()> {
             cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
         }
+        "fuzz" => fuzz(&root, &rest),
         "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
         "lint" => {
             cargo(&["fmt", "--all", "--check"])?;
@@ -129,7 +130,7 @@ fn try_main() -> Result<()> {
             run(&mut cmd)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | plugins | lint>");
+            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | fuzz [-- SECONDS] | plugins | lint>");
             if task == "help" {
                 Ok(())
             } else {
@@ -137,6 +138,41 @@ fn try_main() -> Result<()> {
             }
         }
     }
+}
+
+/// Build the cargo-fuzz targets and run each briefly (`-- SECONDS` to set
+/// how long; 20 s by default). cargo-fuzz needs nightly-only compiler flags;
+/// `RUSTC_BOOTSTRAP=1` lets this stable toolchain accept them.
+fn fuzz(root: &Path, rest: &[String]) -> Result<()> {
+    let seconds = rest.first().map(String::as_str).unwrap_or("20");
+    let installed = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !installed {
+        run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    let fuzz_dir = root.join("fuzz");
+    let target_dir = root.join("target/fuzz");
+    run(Command::new("cargo")
+        .args(["fuzz", "build", "-O", "--target-dir"])
+        .arg(&target_dir)
+        .current_dir(&fuzz_dir)
+        .env("RUSTC_BOOTSTRAP", "1"))?;
+    for target in ["envelope", "claims"] {
+        let corpus = target_dir.join("corpus").join(target);
+        std::fs::create_dir_all(&corpus)?;
+        run(Command::new("cargo")
+            .args(["fuzz", "run", "-O", "--target-dir"])
+            .arg(&target_dir)
+            .arg(target)
+            .arg(&corpus)
+            .args(["--", &format!("-max_total_time={seconds}"), "-rss_limit_mb=4096"])
+            .current_dir(&fuzz_dir)
+            .env("RUSTC_BOOTSTRAP", "1"))?;
+    }
+    Ok(())
 }
 
 fn workspace_root() -> PathBuf {
