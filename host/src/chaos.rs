@@ -111,15 +111,18 @@ enum Fault {
     BrokerDisconnect,
 }
 
-/// A Redis server of the run's own, persisting every write.
-struct OwnRedis {
+/// A Redis server of one's own on a free port, persisting every write
+/// (`appendfsync always`), so that SIGKILL and a restart is a crash, not a
+/// wipe. Used by chaos runs and the outage tests.
+pub struct OwnRedis {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
 
 impl OwnRedis {
-    fn start() -> Result<OwnRedis> {
+    /// Start it.
+    pub fn start() -> Result<OwnRedis> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let mut r = OwnRedis {
             port,
@@ -130,7 +133,8 @@ impl OwnRedis {
         Ok(r)
     }
 
-    fn spawn(&mut self) -> Result<()> {
+    /// Start it again (after [`kill`](Self::kill)).
+    pub fn spawn(&mut self) -> Result<()> {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -161,14 +165,16 @@ impl OwnRedis {
         Ok(())
     }
 
-    fn kill(&mut self) {
+    /// SIGKILL it.
+    pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    fn url(&self) -> String {
+    /// Its URL.
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 }

@@ -2,12 +2,11 @@
 //! and restarted (G8, outage policy `reject`), and Postgres connections
 //! terminated by the server.
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use idem_host::app::Pool;
+use idem_host::chaos::OwnRedis;
 use idem_host::config::{BrokerKind, StoreConfig, StoreKind};
 use idem_host::demo::mock::Mock;
 use idem_host::demo::{demo_config, verify, Schedule};
@@ -15,73 +14,6 @@ use idem_host::demo::{demo_config, verify, Schedule};
 use crate::common::*;
 
 const MESSAGES: usize = 600;
-
-/// A Redis server of the test's own, on a free port, persisting every write
-/// (appendfsync always), so it can be SIGKILLed and restarted without
-/// forgetting claims.
-struct OwnRedis {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    fn start() -> OwnRedis {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut r = OwnRedis {
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        };
-        r.spawn();
-        r
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed (.ci/run installs it)");
-        self.child = Some(child);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "own redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 async fn drained(pool: &Pool, messages: u64) -> bool {
     let Ok(c) = pool.backends.claims.counts().await else { return false };
@@ -110,7 +42,7 @@ fn base_config(dir: &Path, mock: &Mock) -> idem_host::config::Config {
 async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
-    let mut own = OwnRedis::start();
+    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
     let mut config = base_config(dir.path(), &mock);
     config.broker.kind = BrokerKind::Redis;
     config.broker.url = Some(services::redis());
@@ -145,7 +77,7 @@ async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
     })
     .await;
     let during = pool.counters.snapshot();
-    own.spawn();
+    own.spawn().unwrap();
     wait_until(Duration::from_secs(120), "the queue to drain after the restart", || {
         drained(&pool, MESSAGES as u64)
     })

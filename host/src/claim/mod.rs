@@ -84,6 +84,60 @@ pub enum ClaimOutcome {
     },
 }
 
+/// A stored claim, as far as deciding a new delivery of its key needs it.
+pub(crate) struct Stored<'a> {
+    pub payload_hash: &'a str,
+    pub state: &'a str,
+    pub lease_until: i64,
+    pub not_before: i64,
+    pub attempts: i64,
+    pub last_error: Option<&'a str>,
+}
+
+/// What a delivery of an already-claimed key gets. One function for the SQL
+/// backends; the Redis backend makes the same decision in
+/// `lua/claims_claim.lua`.
+pub(crate) enum Decision {
+    /// Answer without changing the claim.
+    Answer(ClaimOutcome),
+    /// Dead-letter this delivery (the claim stays as it is).
+    Conflict(String),
+    /// Mark the claim dead and dead-letter the message: no attempt is left.
+    Exhaust(String),
+    /// Take the claim over: fence and attempts grow.
+    TakeOver,
+}
+
+pub(crate) fn decide(s: &Stored, r: &ClaimRequest, now: i64) -> Decision {
+    if s.payload_hash != r.payload_hash {
+        return Decision::Conflict(format!(
+            "conflict: key {:?} of plugin {} was first seen with a different payload (sha256 {}…, this delivery {}…); a reused key is not a duplicate",
+            r.key,
+            r.plugin,
+            &s.payload_hash[..12.min(s.payload_hash.len())],
+            &r.payload_hash[..12.min(r.payload_hash.len())]
+        ));
+    }
+    match s.state {
+        "done" => Decision::Answer(ClaimOutcome::Done),
+        "dead" => Decision::Answer(ClaimOutcome::DeadLettered),
+        "running" if s.lease_until > now => Decision::Answer(ClaimOutcome::Busy {
+            retry_after_ms: s.lease_until - now,
+        }),
+        "retry" if s.not_before > now => Decision::Answer(ClaimOutcome::Busy {
+            retry_after_ms: s.not_before - now,
+        }),
+        _ if s.attempts >= r.max_attempts as i64 => Decision::Exhaust(format!(
+            "attempts exhausted: {} of {} made; last error: {}",
+            s.attempts,
+            r.max_attempts,
+            s.last_error
+                .unwrap_or("the worker running it stopped (crash or kill) before settling")
+        )),
+        _ => Decision::TakeOver,
+    }
+}
+
 /// A message to dead-letter.
 #[derive(Debug, Clone)]
 pub struct DeadLetterRequest<'a> {

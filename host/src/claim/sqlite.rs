@@ -7,7 +7,10 @@
 use async_trait::async_trait;
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 
-use super::{ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest, JournalEntry};
+use super::{
+    decide, ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest, Decision,
+    JournalEntry, Stored,
+};
 
 /// The SQLite claim store.
 pub struct SqliteClaims {
@@ -98,53 +101,37 @@ impl ClaimStore for SqliteClaims {
             let hash: String = row.try_get("payload_hash")?;
             let state: String = row.try_get("state")?;
             let fence: i64 = row.try_get("fence")?;
-            let lease_until: i64 = row.try_get("lease_until")?;
-            let not_before: i64 = row.try_get("not_before")?;
             let attempts: i64 = row.try_get("attempts")?;
             let last_error: Option<String> = row.try_get("last_error")?;
             let created_at: i64 = row.try_get("created_at")?;
-            if hash != r.payload_hash {
-                let reason = format!(
-                    "conflict: key {:?} of plugin {} was first seen with a different payload (sha256 {}…, this delivery {}…); a reused key is not a duplicate",
-                    r.key,
-                    r.plugin,
-                    &hash[..12.min(hash.len())],
-                    &r.payload_hash[..12.min(r.payload_hash.len())]
-                );
-                insert_dead_letter(
-                    &mut tx,
-                    r.plugin,
-                    r.key,
-                    r.msg_id,
-                    r.headers,
-                    r.payload,
-                    &reason,
-                    0,
-                    Some(r.plugin_version),
-                    now,
-                    now,
-                )
-                .await?;
-                out.push(ClaimOutcome::Conflict);
-                continue;
-            }
-            let outcome = match state.as_str() {
-                "done" => ClaimOutcome::Done,
-                "dead" => ClaimOutcome::DeadLettered,
-                "running" if lease_until > now => ClaimOutcome::Busy {
-                    retry_after_ms: lease_until - now,
-                },
-                "retry" if not_before > now => ClaimOutcome::Busy {
-                    retry_after_ms: not_before - now,
-                },
-                _ if attempts >= r.max_attempts as i64 => {
-                    let reason = format!(
-                        "attempts exhausted: {attempts} of {} made; last error: {}",
-                        r.max_attempts,
-                        last_error
-                            .as_deref()
-                            .unwrap_or("the worker running it stopped (crash or kill) before settling")
-                    );
+            let stored = Stored {
+                payload_hash: &hash,
+                state: &state,
+                lease_until: row.try_get("lease_until")?,
+                not_before: row.try_get("not_before")?,
+                attempts,
+                last_error: last_error.as_deref(),
+            };
+            let outcome = match decide(&stored, r, now) {
+                Decision::Answer(outcome) => outcome,
+                Decision::Conflict(reason) => {
+                    insert_dead_letter(
+                        &mut tx,
+                        r.plugin,
+                        r.key,
+                        r.msg_id,
+                        r.headers,
+                        r.payload,
+                        &reason,
+                        0,
+                        Some(r.plugin_version),
+                        now,
+                        now,
+                    )
+                    .await?;
+                    ClaimOutcome::Conflict
+                }
+                Decision::Exhaust(reason) => {
                     sqlx::query(include_str!("../../queries/sqlite/claim_mark_dead.sql"))
                         .bind(r.plugin)
                         .bind(r.key)
@@ -169,7 +156,7 @@ impl ClaimStore for SqliteClaims {
                     .await?;
                     ClaimOutcome::Exhausted { attempts: attempts as u32 }
                 }
-                _ => {
+                Decision::TakeOver => {
                     let row = sqlx::query(include_str!("../../queries/sqlite/claim_takeover.sql"))
                         .bind(r.plugin)
                         .bind(r.key)
