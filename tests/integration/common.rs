@@ -1,12 +1,11 @@
 //! Helpers shared by the integration tests.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use idem_host::app::Pool;
-use idem_host::config::{Config, EndpointConfig, Limits, OutagePolicy, PluginConfig, RetryConfig, WorkerConfig};
+use idem_host::config::{Config, Limits, OutagePolicy, PluginConfig, RetryConfig, WorkerConfig};
 use idem_host::demo::mock::Mock;
 use idem_host::envelope::Envelope;
 use idem_host::worker::WorkerOptions;
@@ -47,12 +46,9 @@ impl Env {
     pub async fn new() -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         let mock = Mock::start(Duration::from_millis(700)).await.expect("mock");
-        let endpoint = |api: &str| EndpointConfig {
-            url: mock.url(api),
-            timeout_ms: 5_000,
-        };
-        let mut config = Config::default();
-        config.database.path = dir.path().join("idem.db");
+        // The demo's deployment (every example plugin, endpoints at the
+        // mock), with test-sized timings and the hostile plugin added.
+        let mut config = idem_host::demo::demo_config(dir.path().join("idem.db"), &plugin_dir(), &mock, 8);
         config.worker = WorkerConfig {
             concurrency: 8,
             batch_size: 16,
@@ -70,34 +66,9 @@ impl Env {
             max_delay_ms: 500,
             jitter: 0.0,
         };
-        config.endpoints = BTreeMap::from([
-            ("payments-api".to_string(), endpoint("payments")),
-            ("inventory-api".to_string(), endpoint("inventory")),
-            ("email-api".to_string(), endpoint("email")),
-        ]);
-        config.plugins = BTreeMap::from([
-            (
-                "record-payment".to_string(),
-                plugin(
-                    "record_payment.wasm",
-                    &["payments", "receipts"],
-                    &["payments-api"],
-                    Some("/payment_id"),
-                ),
-            ),
-            ("grant-credits".to_string(), plugin("grant_credits.wasm", &["credits"], &[], None)),
-            (
-                "fulfil-order".to_string(),
-                plugin(
-                    "fulfil_order.wasm",
-                    &["orders"],
-                    &["payments-api", "inventory-api", "email-api"],
-                    Some("/order_id"),
-                ),
-            ),
-            ("poison".to_string(), plugin("poison.wasm", &[], &[], None)),
-            ("hostile".to_string(), plugin("hostile.wasm", &["hostile"], &[], None)),
-        ]);
+        config
+            .plugins
+            .insert("hostile".to_string(), plugin("hostile.wasm", &["hostile"], &[], None));
         config.limits = Limits {
             cpu_ms: 300,
             memory_bytes: 16 << 20,

@@ -84,10 +84,8 @@ async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
     .await;
 
     let report = verify(&pool.backends, &mock, &schedule).await.unwrap();
-    let after = pool.counters.snapshot();
     pool.stop().await.unwrap();
     eprintln!("outage decisions {}, report {report:?}", during.outage_decisions);
-    assert!(after.outage_decisions >= during.outage_decisions);
     assert_eq!(report.lost, 0, "{report:?}");
     assert_eq!(report.double_effects, 0, "{report:?}");
     assert_eq!(report.calls_after_journal, 0, "{report:?}");

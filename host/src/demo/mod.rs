@@ -398,17 +398,6 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
     report.crashes = c.crashes;
     report.journal_replays = c.journal_replays;
     report.dead_lettered = c.dead_lettered;
-    report.external_calls = mock.total_requests();
-    report.external_effects = mock
-        .state
-        .lock()
-        .expect("mock state poisoned")
-        .performed
-        .values()
-        .map(|&n| n as u64)
-        .sum();
-    report.double_effects = mock.double_effects();
-    report.calls_after_journal = mock.calls_after_journal();
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
