@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{self, Backends};
 use crate::capabilities::{effects::Endpoints, Capabilities, CrashInjector, Grants};
 use crate::config::Config;
+use crate::runtime::native::NativeHandler;
 use crate::runtime::{Runtime, RuntimeOptions};
 use crate::stats::Counters;
 use crate::worker::{Worker, WorkerOptions};
@@ -72,9 +73,30 @@ impl Pool {
 
     /// [`Pool::start`] with explicit worker options.
     pub async fn start_with(config: &Config, options: WorkerOptions, crash_injector: Option<CrashInjector>) -> Result<Pool> {
+        Self::start_native(config, options, crash_injector, Vec::new()).await
+    }
+
+    /// [`Pool::start_with`], with some plugins served by native handlers
+    /// instead of their components (the benchmarks' baseline). A native
+    /// handler takes its plugin's grants and limits from the configuration.
+    pub async fn start_native(
+        config: &Config,
+        options: WorkerOptions,
+        crash_injector: Option<CrashInjector>,
+        natives: Vec<(String, Arc<dyn NativeHandler>)>,
+    ) -> Result<Pool> {
         let backends = backend::open(config).await?;
         let runtime = Arc::new(Runtime::new(runtime_options(config))?);
-        load_plugins(config, &runtime).await?;
+        let mut components = config.clone();
+        for (name, handler) in natives {
+            let grants = components
+                .plugins
+                .remove(&name)
+                .map(|p| Grants::new(p.collections, p.endpoints))
+                .unwrap_or_default();
+            runtime.install_native(&name, handler, grants, config.limits_for(&name));
+        }
+        load_plugins(&components, &runtime).await?;
         let counters = Arc::new(Counters::default());
         let caps = Arc::new(Capabilities {
             data: backends.data.clone(),

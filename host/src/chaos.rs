@@ -512,7 +512,9 @@ async fn disconnect_broker(config: &Config, redis: Option<&OwnRedis>) -> Result<
     }
 }
 
-async fn cleanup(config: &Config) {
+/// Drop a namespace's resources on its servers: the Postgres schema, the
+/// RabbitMQ queues, the NATS stream, the Redis keys. Best effort.
+pub async fn cleanup(config: &Config) {
     let ns = &config.namespace;
     if config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres {
         if let Some(url) = postgres_url(config) {
@@ -529,6 +531,24 @@ async fn cleanup(config: &Config) {
     if let (BrokerKind::Nats, Some(url)) = (config.broker.kind, &config.broker.url) {
         if let Ok(client) = async_nats::connect(url.as_str()).await {
             let _ = async_nats::jetstream::new(client).delete_stream(ns).await;
+        }
+    }
+    let redis_urls = [
+        (config.broker.kind == BrokerKind::Redis).then_some(&config.broker.url),
+        (config.claims.kind == StoreKind::Redis).then_some(&config.claims.url),
+    ];
+    for url in redis_urls.into_iter().flatten().flatten() {
+        let Ok(client) = redis::Client::open(url.as_str()) else { continue };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{ns}:*"))
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
         }
     }
 }

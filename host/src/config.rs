@@ -38,6 +38,18 @@ pub struct Config {
     pub endpoints: BTreeMap<String, EndpointConfig>,
     /// Loaded plugins, by name (the name messages are published to).
     pub plugins: BTreeMap<String, PluginConfig>,
+    /// The HTTP endpoint of `idem run`: metrics, health, loaded plugins.
+    pub http: HttpConfig,
+}
+
+/// `[http]`: where `idem run` serves `/metrics`, `/healthz`, `/readyz` and
+/// `/plugins`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address to listen on, e.g. `0.0.0.0:9464`; off when unset.
+    /// `idem run --listen ADDR` overrides it.
+    pub listen: Option<String>,
 }
 
 /// A URL with its password replaced by `***`, for error messages and logs.
@@ -67,6 +79,7 @@ impl Default for Config {
             limits: Limits::default(),
             endpoints: BTreeMap::new(),
             plugins: BTreeMap::new(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -193,6 +206,13 @@ pub struct WorkerConfig {
     /// What to do when the claim store is unreachable (G8): `reject` leaves
     /// the delivery unacked and backs off.
     pub outage_policy: OutagePolicy,
+    /// On SIGTERM/SIGINT, how long running handlers may take to finish
+    /// before they are stopped, their claims released and their deliveries
+    /// handed back for redelivery.
+    pub shutdown_grace_ms: u64,
+    /// Watch the plugin files and reload a changed component while running.
+    /// SIGHUP reloads whether or not this is on.
+    pub watch_plugins: bool,
 }
 
 impl Default for WorkerConfig {
@@ -206,6 +226,8 @@ impl Default for WorkerConfig {
             busy_retry_ms: 1_000,
             poll_idle_ms: 50,
             outage_policy: OutagePolicy::Reject,
+            shutdown_grace_ms: 30_000,
+            watch_plugins: true,
         }
     }
 }

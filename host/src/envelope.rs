@@ -20,7 +20,7 @@ pub struct Envelope {
 }
 
 /// A payload is written as JSON when it is JSON, as a string otherwise.
-mod payload_json {
+pub mod payload_json {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     pub fn serialize<S: Serializer>(payload: &[u8], s: S) -> Result<S::Ok, S::Error> {

@@ -10,7 +10,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use idem_host::capabilities::Grants;
 use idem_host::config::Config;
 use idem_host::envelope::Envelope;
-use idem_host::{app, demo};
+use idem_host::reload::Reloader;
+use idem_host::{app, demo, observe};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
 
 /// Run broker messages through sandboxed WebAssembly handlers, safely under
 /// at-least-once delivery.
@@ -32,8 +35,9 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the worker pool until interrupted (SIGINT/SIGTERM).
-    Run(ConfigArg),
+    /// Run the worker pool until interrupted (SIGINT/SIGTERM); SIGHUP
+    /// reloads the plugins and the configuration's plugin sections.
+    Run(RunArgs),
     /// Publish messages to the queue.
     Publish(PublishArgs),
     /// Inspect plugin components.
@@ -56,6 +60,23 @@ enum Command {
     /// Run an example deployment (several worker processes) under injected
     /// faults and check that nothing was lost or doubled.
     Chaos(idem_host::chaos::ChaosArgs),
+    /// Check that a plugin is idempotent: run each message of a file twice
+    /// in a row and twice at once on scratch stores and compare the effects.
+    Verify(idem_host::verify::VerifyArgs),
+    /// Throughput, latency, CPU and memory of the pipeline: embedded SQLite,
+    /// Redis, RabbitMQ and NATS deployments, each component against its
+    /// native twin.
+    Bench(idem_host::bench::BenchArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Serve /metrics, /healthz, /readyz and /plugins on this address
+    /// (overrides http.listen), e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    listen: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -115,6 +136,17 @@ enum PluginCommand {
         /// The component file.
         file: PathBuf,
     },
+    /// What a running pool has loaded (asks its HTTP endpoint).
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The pool's HTTP address (default: http.listen of the configuration).
+        #[arg(long)]
+        url: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -130,6 +162,47 @@ enum DlqCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One dead letter in full: payload, headers, error, attempts, plugin
+    /// version, timestamps.
+    Show {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Its id (from `idem dlq list`).
+        id: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Republish dead letters with their attempts reset; each record is
+    /// deleted once its message is republished.
+    Replay(DlqSelect),
+    /// Delete dead-letter records (their messages stay settled as dead).
+    Purge(DlqSelect),
+}
+
+#[derive(Args)]
+struct DlqSelect {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Dead-letter ids.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    ids: Vec<i64>,
+    /// Every dead letter (of --plugin, if given).
+    #[arg(long)]
+    all: bool,
+    /// Only this plugin's dead letters.
+    #[arg(long)]
+    plugin: Option<String>,
+}
+
+impl DlqSelect {
+    fn selection(&self) -> idem_host::dlq::Selection {
+        idem_host::dlq::Selection {
+            ids: self.ids.clone(),
+            all: self.all,
+            plugin: self.plugin.clone(),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -137,7 +210,7 @@ fn main() -> ExitCode {
     let default_level = match &cli.command {
         Command::Run(_) => "info",
         // The demo's warnings (traps, lost leases) are its planned faults.
-        Command::Demo(_) | Command::Chaos(_) => "error",
+        Command::Demo(_) | Command::Chaos(_) | Command::Verify(_) | Command::Bench(_) => "error",
         _ => "warn",
     };
     init_tracing(cli.log_format, default_level);
@@ -169,9 +242,9 @@ fn init_tracing(format: LogFormat, default_level: &str) {
 
 async fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run(c) => {
-            let config = c.load()?;
-            run(config).await?;
+        Command::Run(r) => {
+            let config = r.config.load()?;
+            run(config, r.config.config.clone(), r.listen).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Publish(p) => {
@@ -179,6 +252,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(PluginCommand::Check { file }) => plugin_check(&file).await,
+        Command::Plugin(PluginCommand::List { config, url, json }) => plugin_list(&config, url, json).await,
         Command::Stats { config, json } => {
             let config = config.load()?;
             let backends = idem_host::backend::open(&config).await?;
@@ -209,16 +283,100 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Dlq(DlqCommand::Show { config, id, json }) => {
+            let config = config.load()?;
+            let backends = idem_host::backend::open(&config).await?;
+            let Some(d) = backends.claims.dead_letter_get(id).await? else {
+                bail!("no dead letter with id {id}; `idem dlq list` shows the ids");
+            };
+            if json {
+                println!("{}", serde_json::to_string(&d)?);
+            } else {
+                let time = |ms: i64| format!("{ms} ms since the epoch");
+                println!("dead letter {}", d.id);
+                println!(
+                    "  plugin          {} (version {})",
+                    d.plugin,
+                    d.plugin_version.as_deref().unwrap_or("unknown")
+                );
+                println!("  key             {}", d.key);
+                println!("  message id      {}", d.msg_id);
+                println!("  attempts        {}", d.attempts);
+                println!("  first seen      {}", time(d.first_seen_at));
+                println!("  dead-lettered   {}", time(d.dead_at));
+                println!("  reason          {}", d.reason);
+                for (k, v) in &d.headers {
+                    println!("  header          {k}: {v}");
+                }
+                println!("  payload         {}", String::from_utf8_lossy(&d.payload));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dlq(DlqCommand::Replay(sel)) => {
+            let config = sel.config.load()?;
+            let backends = idem_host::backend::open(&config).await?;
+            let replayed = idem_host::dlq::replay(&backends, &sel.selection()).await?;
+            for r in &replayed {
+                println!(
+                    "replayed dead letter {} ({} {}){}",
+                    r.id,
+                    r.plugin,
+                    r.key,
+                    if r.claim_revived { "" } else { "; no dead claim to reset" }
+                );
+            }
+            eprintln!("{} dead letter(s) republished", replayed.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dlq(DlqCommand::Purge(sel)) => {
+            let config = sel.config.load()?;
+            let backends = idem_host::backend::open(&config).await?;
+            let n = idem_host::dlq::purge(&backends, &sel.selection()).await?;
+            eprintln!("{n} dead letter(s) deleted");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify(args) => idem_host::verify::main(args).await,
+        Command::Bench(args) => idem_host::bench::main(args).await,
         Command::Demo(args) => demo::main(args).await,
         Command::Chaos(args) => idem_host::chaos::main(args).await,
     }
 }
 
-async fn run(config: Config) -> Result<()> {
+async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String>) -> Result<()> {
     if config.plugins.is_empty() {
         bail!("no plugins configured: pass --config FILE with a [plugins.NAME] section per plugin (see examples/embedded.toml)");
     }
+    let listen = listen.or_else(|| config.http.listen.clone());
+    // Install the recorder first, so the pool's first durations are kept.
+    let metrics = listen.as_ref().map(|_| observe::prometheus()).transpose()?;
     let pool = app::Pool::start(&config, None).await?;
+    let aux = CancellationToken::new();
+    if let (Some(addr), Some(metrics)) = (listen, metrics) {
+        let state = observe::HttpState {
+            metrics,
+            backends: pool.backends.clone(),
+            runtime: pool.runtime.clone(),
+            worker: pool.worker.clone(),
+            counters: pool.counters.clone(),
+        };
+        let (bound, _) = observe::serve(&addr, state, aux.clone()).await?;
+        tracing::info!(%bound, "serving /metrics, /healthz, /readyz and /plugins");
+    }
+    tokio::spawn(observe::watch_lease_risk(pool.worker.clone(), Duration::from_secs(5), aux.clone()));
+    let reloader = Reloader::new(pool.runtime.clone(), config.clone(), config_path);
+    if config.worker.watch_plugins {
+        reloader.watch(aux.clone())?;
+    }
+    {
+        let reloader = reloader.clone();
+        let mut hangup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the configuration and the plugins");
+                reloader.reload_config().await;
+            }
+        });
+    }
     tracing::info!(
         plugins = %pool.runtime.plugin_names().join(", "),
         namespace = %config.namespace,
@@ -229,19 +387,52 @@ async fn run(config: Config) -> Result<()> {
         "idem worker running"
     );
     let shutdown = pool.shutdown.clone();
+    let grace = config.worker.shutdown_grace_ms;
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("shutting down: no new deliveries; waiting for running handlers");
+        tracing::info!(grace_ms = grace, "shutting down: no new deliveries; waiting for running handlers");
         shutdown.cancel();
         wait_for_signal().await;
-        tracing::warn!("second signal: exiting at once");
+        tracing::warn!("second signal: exiting at once; unsettled deliveries are redelivered");
         std::process::exit(130);
     });
-    pool.join().await
+    let result = pool.join().await;
+    aux.cancel();
+    if result.is_ok() {
+        tracing::info!("stopped cleanly");
+    }
+    result
+}
+
+async fn plugin_list(config: &ConfigArg, url: Option<String>, json: bool) -> Result<ExitCode> {
+    let url = match url {
+        Some(u) => u,
+        None => config
+            .load()?
+            .http
+            .listen
+            .context("no pool address: pass --url http://HOST:PORT, or set http.listen in the configuration")?,
+    };
+    let base = if url.contains("://") { url } else { format!("http://{url}") };
+    let endpoint = format!("{}/plugins", base.trim_end_matches('/'));
+    let loaded: Vec<observe::LoadedPlugin> = reqwest::get(&endpoint)
+        .await
+        .with_context(|| format!("cannot reach a running pool at {endpoint}; is `idem run` serving HTTP there (http.listen / --listen)?"))?
+        .error_for_status()?
+        .json()
+        .await
+        .with_context(|| format!("{endpoint} did not answer with the plugin list"))?;
+    if json {
+        println!("{}", serde_json::to_string(&loaded)?);
+    } else {
+        for p in loaded {
+            println!("{:<20} {}  loaded at {} ms", p.name, p.version, p.loaded_at);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

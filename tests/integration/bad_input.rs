@@ -22,7 +22,7 @@ async fn dead_letter_reason(env: &Env, e: Envelope) -> String {
         .iter()
         .find(|d| d.msg_id == e.id)
         .unwrap_or_else(|| panic!("{} dead-lettered: {letters:?}", e.id));
-    assert_eq!(d.payload, String::from_utf8_lossy(&e.payload), "the payload is kept");
+    assert_eq!(d.payload, e.payload, "the payload is kept byte for byte");
     d.reason.clone()
 }
 
@@ -109,7 +109,7 @@ async fn key_reused_with_a_different_payload_is_a_conflict() {
     let letters = pool.backends.claims.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1);
     assert!(letters[0].reason.starts_with("conflict:"), "{}", letters[0].reason);
-    assert!(letters[0].payload.contains("999"));
+    assert!(String::from_utf8_lossy(&letters[0].payload).contains("999"));
     assert_eq!(env.mock.performed("payments", "pay-x"), 1);
     assert_eq!(state(&pool, "record-payment", "pay-x").await.as_deref(), Some("done"));
     pool.stop().await.unwrap();

@@ -58,6 +58,7 @@ impl Env {
             busy_retry_ms: 100,
             poll_idle_ms: 10,
             outage_policy: OutagePolicy::Reject,
+            ..WorkerConfig::default()
         };
         config.retry = RetryConfig {
             max_attempts: 5,
@@ -114,6 +115,22 @@ where
     loop {
         if check().await {
             return;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Poll `check` until it returns a value, or panic after `timeout` with `what`.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
         }
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;

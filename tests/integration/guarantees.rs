@@ -178,7 +178,7 @@ async fn g6_poison_is_dead_lettered_and_the_pool_keeps_going() {
     assert_eq!((d.plugin.as_str(), d.key.as_str(), d.attempts), ("poison", "poison-t", 3));
     assert!(d.reason.contains("attempts exhausted (3 of 3)"), "{}", d.reason);
     assert!(d.reason.contains("never succeeds"), "{}", d.reason);
-    assert_eq!(d.payload, r#"{"mode":"transient"}"#);
+    assert_eq!(d.payload, br#"{"mode":"transient"}"#);
     assert_eq!(state(&pool, "poison", "poison-t").await.as_deref(), Some("dead"));
     pool.stop().await.unwrap();
 }

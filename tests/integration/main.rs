@@ -12,6 +12,7 @@ mod cli;
 mod conformance;
 mod crash;
 mod guarantees;
+mod operating;
 mod outage;
 mod pool;
 mod sandbox;

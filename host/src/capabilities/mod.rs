@@ -14,7 +14,7 @@ use tracing::Level;
 
 use crate::claim::ClaimStore;
 use crate::runtime::bindings::idem::handler::{effects as wit_effects, log as wit_log, store as wit_store, types as wit_types};
-use crate::runtime::HostState;
+use crate::runtime::{HostState, Plugin};
 use crate::stats::Counters;
 use crate::store::{DataError, DataStore, Inserted};
 
@@ -69,26 +69,36 @@ pub struct Capabilities {
     pub crash_injector: Option<CrashInjector>,
 }
 
+/// Access-denied message if `plugin` may not use `collection`.
+pub(crate) fn collection_denied(plugin: &Plugin, collection: &str) -> Option<String> {
+    if plugin.grants.collections.contains(collection) {
+        return None;
+    }
+    Some(format!(
+        "plugin {} may not use collection {collection:?}; grant it in plugins.{}.collections",
+        plugin.name, plugin.name
+    ))
+}
+
+/// Too-large message if a key or value exceeds `plugin`'s limits.
+pub(crate) fn too_large(plugin: &Plugin, key: &str, value: &[u8]) -> Option<String> {
+    let limit = plugin.limits.max_value_bytes;
+    if value.len() > limit {
+        return Some(format!("value of {} bytes exceeds limits.max_value_bytes = {limit}", value.len()));
+    }
+    if key.len() > 1024 {
+        return Some(format!("key of {} bytes exceeds 1024 bytes", key.len()));
+    }
+    None
+}
+
 impl HostState {
     fn collection_denied(&self, collection: &str) -> Option<String> {
-        if self.plugin.grants.collections.contains(collection) {
-            return None;
-        }
-        Some(format!(
-            "plugin {} may not use collection {collection:?}; grant it in plugins.{}.collections",
-            self.plugin.name, self.plugin.name
-        ))
+        collection_denied(&self.plugin, collection)
     }
 
     fn too_large(&self, key: &str, value: &[u8]) -> Option<String> {
-        let limit = self.plugin.limits.max_value_bytes;
-        if value.len() > limit {
-            return Some(format!("value of {} bytes exceeds limits.max_value_bytes = {limit}", value.len()));
-        }
-        if key.len() > 1024 {
-            return Some(format!("key of {} bytes exceeds 1024 bytes", key.len()));
-        }
-        None
+        too_large(&self.plugin, key, value)
     }
 
     /// Map a data-store failure: a stale fence traps, an outage is reported.

@@ -180,8 +180,11 @@ pub struct DeadLetter {
     pub key: String,
     /// Producer's message id.
     pub msg_id: String,
-    /// Payload, lossily as text.
-    pub payload: String,
+    /// Headers as delivered.
+    pub headers: Vec<(String, String)>,
+    /// Payload as delivered (serialized lossily as text).
+    #[serde(serialize_with = "lossy_text")]
+    pub payload: Vec<u8>,
     /// Why it was dead-lettered.
     pub reason: String,
     /// Executions made.
@@ -192,6 +195,15 @@ pub struct DeadLetter {
     pub first_seen_at: i64,
     /// When it was dead-lettered (ms).
     pub dead_at: i64,
+}
+
+fn lossy_text<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(bytes))
+}
+
+/// Headers as stored with a dead letter (JSON); unreadable ones are dropped.
+pub(crate) fn parse_headers(json: &str) -> Vec<(String, String)> {
+    serde_json::from_str(json).unwrap_or_default()
 }
 
 /// Counts by claim state.
@@ -261,4 +273,13 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn counts(&self) -> Result<ClaimCounts, ClaimError>;
     /// Dead letters, newest first.
     async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError>;
+    /// One dead letter.
+    async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError>;
+    /// Delete dead-letter records; returns how many existed.
+    async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError>;
+    /// Give a dead claim a fresh start for a replay: state `retry`, no
+    /// attempts or traps counted, due now. The payload hash stays, so a
+    /// different payload under the key is still a conflict. `false` if the
+    /// claim is not dead (done, running, or never claimed).
+    async fn revive(&self, plugin: &str, key: &str, now: i64) -> Result<bool, ClaimError>;
 }

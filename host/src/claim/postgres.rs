@@ -374,27 +374,64 @@ impl ClaimStore for PgClaims {
 
     async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
         let rows = sqlx::query(
-            "SELECT id, plugin, key, msg_id, payload, reason, attempts, plugin_version, first_seen_at, dead_at FROM dead_letters ORDER BY id DESC LIMIT $1",
+            "SELECT id, plugin, key, msg_id, headers, payload, reason, attempts, plugin_version, first_seen_at, dead_at FROM dead_letters ORDER BY id DESC LIMIT $1",
         )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|row| {
-                Ok(DeadLetter {
-                    id: row.try_get("id")?,
-                    plugin: row.try_get("plugin")?,
-                    key: row.try_get("key")?,
-                    msg_id: row.try_get("msg_id")?,
-                    payload: String::from_utf8_lossy(&row.try_get::<Vec<u8>, _>("payload")?).into_owned(),
-                    reason: row.try_get("reason")?,
-                    attempts: row.try_get::<i32, _>("attempts")? as u32,
-                    plugin_version: row.try_get("plugin_version")?,
-                    first_seen_at: row.try_get("first_seen_at")?,
-                    dead_at: row.try_get("dead_at")?,
-                })
-            })
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(dead_letter_row)
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into)
     }
+
+    async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError> {
+        let row = sqlx::query(
+            "SELECT id, plugin, key, msg_id, headers, payload, reason, attempts, plugin_version, first_seen_at, dead_at FROM dead_letters WHERE id = $1",
+        )
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(dead_letter_row).transpose()?)
+    }
+
+    async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError> {
+        let mut tx = self.pool.begin().await?;
+        let mut removed = 0;
+        for id in ids {
+            removed += sqlx::query("DELETE FROM dead_letters WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(removed)
+    }
+
+    async fn revive(&self, plugin: &str, key: &str, now: i64) -> Result<bool, ClaimError> {
+        let r = sqlx::query(include_str!("../../queries/postgres/claim_revive.sql"))
+            .bind(plugin)
+            .bind(key)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+}
+
+fn dead_letter_row(row: &sqlx::postgres::PgRow) -> Result<DeadLetter, sqlx::Error> {
+    Ok(DeadLetter {
+        id: row.try_get("id")?,
+        plugin: row.try_get("plugin")?,
+        key: row.try_get("key")?,
+        msg_id: row.try_get("msg_id")?,
+        headers: super::parse_headers(&row.try_get::<String, _>("headers")?),
+        payload: row.try_get("payload")?,
+        reason: row.try_get("reason")?,
+        attempts: row.try_get::<i32, _>("attempts")? as u32,
+        plugin_version: row.try_get("plugin_version")?,
+        first_seen_at: row.try_get("first_seen_at")?,
+        dead_at: row.try_get("dead_at")?,
+    })
 }

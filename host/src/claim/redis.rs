@@ -27,6 +27,7 @@ pub struct RedisClaims {
     release: Script,
     dead_letter: Script,
     journal_put: Script,
+    revive: Script,
 }
 
 impl From<redis::RedisError> for ClaimError {
@@ -63,6 +64,7 @@ impl RedisClaims {
             confirm: Script::new(include_str!("../../lua/claims_confirm.lua")),
             release: Script::new(include_str!("../../lua/claims_release.lua")),
             dead_letter: Script::new(include_str!("../../lua/claims_dead_letter.lua")),
+            revive: Script::new(include_str!("../../lua/claims_revive.lua")),
             journal_put: Script::new(include_str!("../../lua/claims_journal_put.lua")),
         })
     }
@@ -297,23 +299,59 @@ impl ClaimStore for RedisClaims {
         let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, stop).await?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            let m: std::collections::HashMap<String, Vec<u8>> = conn.hgetall(format!("{}{id}", self.dead_prefix())).await?;
-            let s = |k: &str| m.get(k).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
-            let n = |k: &str| s(k).parse::<i64>().unwrap_or(0);
-            let version = s("plugin_version");
-            out.push(DeadLetter {
-                id,
-                plugin: s("plugin"),
-                key: s("key"),
-                msg_id: s("msg_id"),
-                payload: s("payload"),
-                reason: s("reason"),
-                attempts: n("attempts") as u32,
-                plugin_version: (!version.is_empty()).then_some(version),
-                first_seen_at: n("first_seen_at"),
-                dead_at: n("dead_at"),
-            });
+            out.extend(self.dead_letter_get(id).await?);
         }
         Ok(out)
+    }
+
+    async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let m: std::collections::HashMap<String, Vec<u8>> = conn.hgetall(format!("{}{id}", self.dead_prefix())).await?;
+        if m.is_empty() {
+            return Ok(None);
+        }
+        let s = |k: &str| m.get(k).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+        let n = |k: &str| s(k).parse::<i64>().unwrap_or(0);
+        let version = s("plugin_version");
+        Ok(Some(DeadLetter {
+            id,
+            plugin: s("plugin"),
+            key: s("key"),
+            msg_id: s("msg_id"),
+            headers: super::parse_headers(&s("headers")),
+            payload: m.get("payload").cloned().unwrap_or_default(),
+            reason: s("reason"),
+            attempts: n("attempts") as u32,
+            plugin_version: (!version.is_empty()).then_some(version),
+            first_seen_at: n("first_seen_at"),
+            dead_at: n("dead_at"),
+        }))
+    }
+
+    async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError> {
+        let mut conn = self.conn.clone();
+        let mut removed = 0;
+        for id in ids {
+            let (deleted, _): (u64, i64) = redis::pipe()
+                .atomic()
+                .del(format!("{}{id}", self.dead_prefix()))
+                .lrem(self.dead_ids(), 0, id)
+                .query_async(&mut conn)
+                .await?;
+            removed += deleted;
+        }
+        Ok(removed)
+    }
+
+    async fn revive(&self, plugin: &str, key: &str, now: i64) -> Result<bool, ClaimError> {
+        let mut conn = self.conn.clone();
+        let r: i64 = self
+            .revive
+            .key(self.counts_key())
+            .key(self.claim_key(plugin, key))
+            .arg(now)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(r == 1)
     }
 }

@@ -148,6 +148,7 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
         busy_retry_ms: 200,
         poll_idle_ms: 20,
         outage_policy: OutagePolicy::Reject,
+        ..WorkerConfig::default()
     };
     config.retry = RetryConfig {
         max_attempts: 5,

@@ -9,6 +9,7 @@
 //! anything else is refused at load, naming the import.
 
 pub mod bindings;
+pub mod native;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -100,7 +101,18 @@ pub struct Plugin {
     pub key_pointer: Option<String>,
     /// Every import of the component (for `idem plugin check`).
     pub imports: Vec<String>,
-    pre: HandlerPre<HostState>,
+    /// When it was compiled (Unix ms).
+    pub loaded_at: i64,
+    code: Code,
+}
+
+/// How a plugin's handler runs.
+enum Code {
+    /// A WebAssembly component, pre-linked: a fresh instance per message.
+    Wasm(HandlerPre<HostState>),
+    /// A handler compiled into the host: the native baseline of the
+    /// benchmarks, with the same capabilities and no sandbox.
+    Native(Arc<dyn native::NativeHandler>),
 }
 
 impl std::fmt::Debug for Plugin {
@@ -317,7 +329,7 @@ impl Runtime {
         limits: Limits,
         key_pointer: Option<String>,
     ) -> Result<Arc<Plugin>> {
-        let version = hex::encode(&Sha256::digest(bytes)[..6]);
+        let version = crate::reload::version_of(bytes);
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2` against idem-sdk")
         })?;
@@ -346,7 +358,8 @@ impl Runtime {
             limits,
             key_pointer,
             imports,
-            pre,
+            loaded_at: crate::now_ms(),
+            code: Code::Wasm(pre),
         }))
     }
 
@@ -374,6 +387,23 @@ impl Runtime {
         Ok(plugin)
     }
 
+    /// Make a native handler available under `name` (benchmarks: the same
+    /// pipeline and capabilities as a component, without the sandbox).
+    pub fn install_native(&self, name: &str, handler: Arc<dyn native::NativeHandler>, grants: Grants, limits: Limits) -> Arc<Plugin> {
+        let plugin = Arc::new(Plugin {
+            name: name.to_string(),
+            version: "native".into(),
+            grants,
+            limits,
+            key_pointer: None,
+            imports: Vec::new(),
+            loaded_at: crate::now_ms(),
+            code: Code::Native(handler),
+        });
+        self.install(plugin.clone());
+        plugin
+    }
+
     /// Make an already compiled plugin available.
     pub fn install(&self, plugin: Arc<Plugin>) {
         self.plugins
@@ -396,6 +426,10 @@ impl Runtime {
 
     /// Run one message through a plugin in a fresh store.
     pub async fn execute(&self, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
+        let pre = match &plugin.code {
+            Code::Wasm(pre) => pre,
+            Code::Native(handler) => return native::execute(handler.as_ref(), caps, plugin, exec).await,
+        };
         let limits = &plugin.limits;
         let stdout = MemoryOutputPipe::new(STDIO_CAPACITY);
         let stderr = MemoryOutputPipe::new(STDIO_CAPACITY);
@@ -456,7 +490,7 @@ impl Runtime {
             headers: exec.headers.clone(),
             payload: exec.payload.clone(),
         };
-        let instance = match plugin.pre.instantiate_async(&mut store).await {
+        let instance = match pre.instantiate_async(&mut store).await {
             Ok(i) => i,
             Err(e) if e.downcast_ref::<wasmtime::Trap>().is_none() && store.data().abort.is_none() => {
                 return Outcome::HostError(format!("cannot instantiate plugin {}: {e:#}", plugin.name));

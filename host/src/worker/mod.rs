@@ -29,6 +29,7 @@ use crate::claim::{ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::{Config, OutagePolicy, RetryConfig};
 use crate::envelope::{derive_key, payload_hash, Delivery};
 use crate::now_ms;
+use crate::observe::Durations;
 use crate::runtime::{Execution, Outcome, Plugin, Runtime};
 use crate::stats::Counters;
 
@@ -55,6 +56,21 @@ pub struct WorkerOptions {
     pub retry: RetryConfig,
     /// What to do when the claim store is unreachable.
     pub outage_policy: OutagePolicy,
+    /// After shutdown begins, how long running handlers may take to finish.
+    pub shutdown_grace: Duration,
+    /// Called with each message confirmed done, after its ack (benchmarks
+    /// measure latency with it).
+    pub on_done: Option<OnDone>,
+}
+
+/// A callback for each message confirmed done.
+#[derive(Clone)]
+pub struct OnDone(pub Arc<dyn Fn(&crate::envelope::Envelope) + Send + Sync>);
+
+impl std::fmt::Debug for OnDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnDone(..)")
+    }
 }
 
 impl WorkerOptions {
@@ -72,6 +88,8 @@ impl WorkerOptions {
             poll_idle: Duration::from_millis(w.poll_idle_ms),
             retry: config.retry.clone(),
             outage_policy: w.outage_policy,
+            shutdown_grace: Duration::from_millis(w.shutdown_grace_ms),
+            on_done: None,
         }
     }
 }
@@ -97,6 +115,7 @@ pub struct Worker {
     counters: Arc<Counters>,
     in_flight: Mutex<HashMap<u64, InFlight>>,
     next_id: AtomicU64,
+    durations: Durations,
 }
 
 impl Worker {
@@ -111,7 +130,18 @@ impl Worker {
             counters,
             in_flight: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            durations: Durations::default(),
         })
+    }
+
+    /// Its options.
+    pub fn options(&self) -> &WorkerOptions {
+        &self.options
+    }
+
+    /// Recent handler durations per plugin.
+    pub fn durations(&self) -> &Durations {
+        &self.durations
     }
 
     /// Handlers running now.
@@ -183,12 +213,53 @@ impl Worker {
                 backoff = self.options.poll_idle;
             }
         }
-        while tasks.join_next().await.is_some() {}
+        let grace = self.options.shutdown_grace;
+        let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            self.stop_running(&mut tasks).await;
+        }
         heartbeat_stop.cancel();
         if let Some(h) = heartbeat {
             let _ = h.await;
         }
         Ok(())
+    }
+
+    /// The grace period is over: stop the handlers still running, release
+    /// their claims (a retry is due at once) and hand their deliveries back
+    /// for redelivery. Nothing is acked, so nothing is lost; a handler
+    /// stopped half-way left only fenced, repeat-safe effects.
+    async fn stop_running(&self, tasks: &mut tokio::task::JoinSet<()>) {
+        let running: Vec<(ClaimRef, String)> = self
+            .in_flight
+            .lock()
+            .expect("in-flight map poisoned")
+            .values()
+            .map(|f| (f.claim.clone(), f.receipt.clone()))
+            .collect();
+        tracing::warn!(
+            running = tasks.len(),
+            grace_ms = self.options.shutdown_grace.as_millis() as u64,
+            "shutdown grace period over: stopping the handlers still running and releasing their claims"
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        let now = now_ms();
+        for (claim, receipt) in running {
+            match self
+                .backends
+                .claims
+                .release(&claim, now, "the worker shut down before the handler finished", false, now)
+                .await
+            {
+                Ok(true) => tracing::info!(plugin = %claim.plugin, key = %claim.key, "claim released for redelivery"),
+                Ok(false) => tracing::info!(plugin = %claim.plugin, key = %claim.key, "claim already settled or taken over"),
+                Err(e) => {
+                    tracing::warn!(error = %e, plugin = %claim.plugin, key = %claim.key, "cannot release the claim; it expires with its lease")
+                }
+            }
+            self.nack(&receipt, Duration::ZERO).await;
+        }
     }
 
     /// Validate and claim a batch; settle what needs no execution and
@@ -399,6 +470,7 @@ impl Worker {
             claim: a.claim.clone(),
             interrupt,
         };
+        let started = std::time::Instant::now();
         let outcome = match &a.claim {
             // A takeover: make the data store refuse the previous owner first.
             Some(claim) if claim.fence > 1 => match self.backends.data.advance_fence(claim).await {
@@ -407,6 +479,7 @@ impl Worker {
             },
             _ => self.runtime.execute(&self.caps, &a.plugin, exec).instrument(span.clone()).await,
         };
+        self.durations.record(&a.plugin.name, started.elapsed().as_secs_f64());
         drop(_registered);
         self.settle(d, a, outcome).instrument(span).await;
     }
@@ -431,6 +504,9 @@ impl Worker {
                     Counters::inc(&c.done);
                     tracing::debug!("done");
                     self.ack(vec![&d.receipt]).await;
+                    if let Some(hook) = &self.options.on_done {
+                        (hook.0)(&d.envelope);
+                    }
                 }
                 Ok(_) => {
                     Counters::inc(&c.fence_rejections);

@@ -1,0 +1,122 @@
+"""Helper for bench/celery/run: checks, resets, publishes, waits, verifies.
+
+Usage: python driver.py check | reset | publish N | wait N T0_NS PID | verify N
+"""
+
+import os
+import sys
+import time
+
+import psycopg
+import redis
+
+from tasks import DONE_COUNTER, PG_URL, REDIS_URL, app, grant_credits
+
+USERS = 1000
+
+
+def fail(msg):
+    print(f"celery bench: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def rdb():
+    return redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+
+
+def check():
+    try:
+        rdb().ping()
+    except redis.RedisError as e:
+        fail(f"Redis does not answer at {REDIS_URL}: {e}")
+    try:
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except psycopg.Error as e:
+        fail(f"Postgres does not answer at {PG_URL}: {e}")
+
+
+def reset():
+    """Recreate the table; delete only this benchmark's keys and queue."""
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute("DROP SCHEMA IF EXISTS bench_celery CASCADE")
+        c.execute("CREATE SCHEMA bench_celery")
+        c.execute(
+            "CREATE TABLE bench_celery.kv ("
+            " collection TEXT NOT NULL, key TEXT NOT NULL, value BYTEA NOT NULL,"
+            " updated_at BIGINT NOT NULL, PRIMARY KEY (collection, key))"
+        )
+    r = rdb()
+    # The default queue (and its priority sub-queues), kombu's bookkeeping for
+    # unacknowledged messages and bindings, the guards and the counter.
+    keys = ["celery", "unacked", "unacked_index", "unacked_mutex", DONE_COUNTER]
+    for pattern in ("celery\x06\x16*", "_kombu.binding.*", "guard:*"):
+        keys.extend(r.scan_iter(match=pattern, count=1000))
+    for i in range(0, len(keys), 1000):
+        r.delete(*keys[i : i + 1000])
+
+
+def publish(n):
+    # Producer.batch() sends the LPUSHes through a Redis pipeline.
+    with app.producer_or_acquire() as producer, producer.batch():
+        for i in range(n):
+            grant_credits.apply_async(
+                (f"msg-{i}", f"user-{i % USERS}", i), producer=producer
+            )
+    queued = rdb().llen("celery")
+    if queued != n:
+        fail(f"published {n} tasks but the queue holds {queued}")
+
+
+def wait(n, t0_ns, pid):
+    """Print seconds from T0_NS until the counter reaches N."""
+    r = rdb()
+    last, last_change = 0, time.monotonic()
+    while True:
+        done = int(r.get(DONE_COUNTER) or 0)
+        if done >= n:
+            print(f"{(time.time_ns() - t0_ns) / 1e9:.3f}")
+            return
+        if done != last:
+            last, last_change = done, time.monotonic()
+        elif time.monotonic() - last_change > 60:
+            fail(f"no progress for 60 s ({done}/{n} tasks done)")
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            fail(f"the worker exited with {done}/{n} tasks done")
+        time.sleep(0.01)
+
+
+def verify(n):
+    r = rdb()
+    done = int(r.get(DONE_COUNTER) or 0)
+    guard_keys = list(r.scan_iter(match="guard:*", count=1000))
+    done_guards = sum(
+        v == b"done"
+        for i in range(0, len(guard_keys), 1000)
+        for v in r.mget(guard_keys[i : i + 1000])
+    )
+    left = r.llen("celery") + r.hlen("unacked")
+    with psycopg.connect(PG_URL) as c:
+        rows, bad = c.execute(
+            "SELECT count(*), count(*) FILTER (WHERE"
+            " convert_from(value, 'UTF8')::bigint % 1000"
+            " <> substr(key, 6)::bigint) FROM bench_celery.kv"
+        ).fetchone()
+    want_rows = min(n, USERS)
+    if (done, done_guards, rows, bad, left) != (n, n, want_rows, 0, 0):
+        fail(
+            f"verification failed: counter {done}/{n}, done guards "
+            f"{done_guards}/{n}, rows {rows}/{want_rows}, wrong balances {bad}, "
+            f"messages left in Redis {left}"
+        )
+
+
+def main():
+    cmd, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
+    {"check": check, "reset": reset, "publish": publish, "wait": wait,
+     "verify": verify}[cmd](*args)
+
+
+if __name__ == "__main__":
+    main()

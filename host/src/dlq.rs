@@ -1,0 +1,117 @@
+//! Dead-letter tools: show, replay and purge, on every backend.
+//!
+//! A replay republishes the dead letter's message (same id, headers and
+//! payload) and gives its claim a fresh start (no attempts counted). The
+//! steps are ordered so that a crash loses nothing: the claim is revived,
+//! the message published, and only then is the dead-letter record deleted.
+//! A crash in between leaves the record, and replaying it again publishes a
+//! second copy, which the claim answers as a duplicate once the first is
+//! done. The claim keeps the payload hash, so a replayed message whose key
+//! was reused with another payload is still a conflict.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::backend::Backends;
+use crate::claim::DeadLetter;
+use crate::envelope::Envelope;
+use crate::now_ms;
+
+/// Which dead letters a replay or purge applies to.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// These ids (empty with `all`).
+    pub ids: Vec<i64>,
+    /// Every dead letter (of `plugin`, if set).
+    pub all: bool,
+    /// Only this plugin's dead letters.
+    pub plugin: Option<String>,
+}
+
+impl Selection {
+    /// The dead letters selected. Ids that do not exist are an error naming
+    /// them.
+    pub async fn resolve(&self, backends: &Backends) -> Result<Vec<DeadLetter>> {
+        if self.all != self.ids.is_empty() {
+            bail!("name the dead letters by id, or pass --all (not both)");
+        }
+        let mut letters = Vec::new();
+        if self.all {
+            letters = backends.claims.dead_letters(i64::MAX).await?;
+            letters.reverse(); // oldest first
+        } else {
+            let mut missing = Vec::new();
+            for id in &self.ids {
+                match backends.claims.dead_letter_get(*id).await? {
+                    Some(d) => letters.push(d),
+                    None => missing.push(id.to_string()),
+                }
+            }
+            if !missing.is_empty() {
+                bail!("no dead letter with id {}; `idem dlq list` shows the ids", missing.join(", "));
+            }
+        }
+        if let Some(p) = &self.plugin {
+            letters.retain(|d| &d.plugin == p);
+        }
+        Ok(letters)
+    }
+}
+
+/// What one replayed dead letter became.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Replayed {
+    /// The dead letter's id (now deleted).
+    pub id: i64,
+    /// Plugin.
+    pub plugin: String,
+    /// Idempotency key.
+    pub key: String,
+    /// Message id republished.
+    pub msg_id: String,
+    /// Whether a dead claim was revived (false: the message was never
+    /// claimed, or its key is claimed by another message).
+    pub claim_revived: bool,
+}
+
+/// Replay the selected dead letters.
+pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Replayed>> {
+    let letters = selection.resolve(backends).await?;
+    let mut out = Vec::with_capacity(letters.len());
+    for d in letters {
+        let claim_revived = backends
+            .claims
+            .revive(&d.plugin, &d.key, now_ms())
+            .await
+            .with_context(|| format!("dead letter {}: cannot reset its claim", d.id))?;
+        let envelope = Envelope {
+            id: d.msg_id.clone(),
+            handler: d.plugin.clone(),
+            headers: d.headers.clone(),
+            payload: d.payload.clone(),
+        };
+        backends
+            .broker
+            .publish(std::slice::from_ref(&envelope), Duration::ZERO)
+            .await
+            .with_context(|| format!("dead letter {}: cannot republish message {}", d.id, d.msg_id))?;
+        backends.claims.dead_letter_remove(&[d.id]).await?;
+        out.push(Replayed {
+            id: d.id,
+            plugin: d.plugin,
+            key: d.key,
+            msg_id: d.msg_id,
+            claim_revived,
+        });
+    }
+    Ok(out)
+}
+
+/// Delete the selected dead letters; returns how many were deleted. Their
+/// claims stay dead: a redelivery of the message is still acked unrun.
+pub async fn purge(backends: &Backends, selection: &Selection) -> Result<u64> {
+    let ids: Vec<i64> = selection.resolve(backends).await?.iter().map(|d| d.id).collect();
+    Ok(backends.claims.dead_letter_remove(&ids).await?)
+}

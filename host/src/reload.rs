@@ -1,0 +1,203 @@
+//! Hot reload: swap a plugin's component while the pool runs.
+//!
+//! A reload reads each configured plugin's file and compares its content
+//! hash with the version serving now. A changed component is compiled on a
+//! blocking thread (off the hot path), checked against the allowed world,
+//! and swapped in atomically: deliveries admitted after the swap run the new
+//! version, executions already running finish on the one they started with
+//! (each holds its own `Arc<Plugin>`). A component that fails to compile or
+//! check is refused with a log line saying why, and the old version keeps
+//! serving. A half-written file is just such a refusal; the write that
+//! completes it triggers the next reload.
+//!
+//! Reloads happen when a plugin file changes (the `notify` crate watches
+//! the plugin directories, `worker.watch_plugins`) and on SIGHUP, which also
+//! re-reads the configuration file for new or changed `[plugins.NAME]`
+//! sections.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use notify::{RecursiveMode, Watcher};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::capabilities::Grants;
+use crate::config::{Config, PluginConfig};
+use crate::runtime::Runtime;
+
+/// Changes are applied once the plugin files have been quiet this long.
+const QUIET: Duration = Duration::from_millis(200);
+
+/// What one reload did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Plugins swapped to a new version: (name, old version, new version).
+    pub swapped: Vec<(String, Option<String>, String)>,
+    /// Plugins whose new component was refused: (name, why).
+    pub refused: Vec<(String, String)>,
+}
+
+/// Reloads the plugins of one pool.
+pub struct Reloader {
+    runtime: Arc<Runtime>,
+    config_path: Option<PathBuf>,
+    config: Mutex<Config>,
+    /// One reload at a time.
+    running: tokio::sync::Mutex<()>,
+}
+
+impl Reloader {
+    /// A reloader for a pool started from `config` (read from `config_path`,
+    /// if it came from a file).
+    pub fn new(runtime: Arc<Runtime>, config: Config, config_path: Option<PathBuf>) -> Arc<Self> {
+        Arc::new(Reloader {
+            runtime,
+            config_path,
+            config: Mutex::new(config),
+            running: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The directories holding the configured plugin files.
+    pub fn watched_dirs(&self) -> BTreeSet<PathBuf> {
+        let config = self.config.lock().expect("config poisoned");
+        config
+            .plugins
+            .values()
+            .map(|p| p.path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")))
+            .map(|d| if d.as_os_str().is_empty() { PathBuf::from(".") } else { d })
+            .collect()
+    }
+
+    /// Re-read the configuration file (SIGHUP): new plugin sections are
+    /// loaded, changed grants and limits take effect. Other settings need a
+    /// restart. A file that does not parse is refused; nothing changes.
+    pub async fn reload_config(&self) -> ReloadReport {
+        if let Some(path) = &self.config_path {
+            match Config::load(path) {
+                Ok(fresh) => {
+                    let mut config = self.config.lock().expect("config poisoned");
+                    for name in config.plugins.keys() {
+                        if !fresh.plugins.contains_key(name) {
+                            tracing::warn!(plugin = %name, "plugin removed from the configuration; it stays loaded until the pool restarts");
+                        }
+                    }
+                    *config = fresh;
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), file = %path.display(), "configuration not reloaded; the running plugins keep serving");
+                }
+            }
+        }
+        self.reload(true).await
+    }
+
+    /// Recompile every plugin whose file changed (or, with `force_settings`,
+    /// whose grants or limits may have changed) and swap it in.
+    pub async fn reload(&self, force_settings: bool) -> ReloadReport {
+        let _one = self.running.lock().await;
+        let (plugins, config) = {
+            let config = self.config.lock().expect("config poisoned");
+            (config.plugins.clone(), config.clone())
+        };
+        let mut report = ReloadReport::default();
+        for (name, p) in plugins {
+            let bytes = match tokio::fs::read(&p.path).await {
+                Ok(b) => b,
+                Err(e) => {
+                    let why = format!("cannot read {}: {e}", p.path.display());
+                    refuse(&mut report, &name, &self.runtime, why);
+                    continue;
+                }
+            };
+            let version = version_of(&bytes);
+            let current = self.runtime.plugin(&name);
+            if !force_settings && current.as_ref().is_some_and(|c| c.version == version) {
+                continue;
+            }
+            match self.compile(&name, &p, bytes, &config).await {
+                Ok(plugin) => {
+                    let old = current.map(|c| c.version.clone());
+                    if old.as_deref() != Some(plugin.version.as_str()) {
+                        tracing::info!(plugin = %name, old = old.as_deref().unwrap_or("none"), new = %plugin.version, "plugin reloaded: new deliveries run the new version");
+                        metrics::counter!("idem_plugin_reloads_total", "plugin" => name.clone(), "result" => "swapped").increment(1);
+                        report.swapped.push((name.clone(), old, plugin.version.clone()));
+                    }
+                    self.runtime.install(plugin);
+                }
+                Err(e) => refuse(&mut report, &name, &self.runtime, format!("{e:#}")),
+            }
+        }
+        report
+    }
+
+    async fn compile(&self, name: &str, p: &PluginConfig, bytes: Vec<u8>, config: &Config) -> Result<Arc<crate::runtime::Plugin>> {
+        let grants = Grants::new(p.collections.iter().cloned(), p.endpoints.iter().cloned());
+        self.runtime
+            .compile(name, bytes, grants, config.limits_for(name), p.key_pointer.clone())
+            .await
+    }
+
+    /// Watch the plugin directories; reload after each burst of changes.
+    /// Runs until `stop` is cancelled.
+    pub fn watch(self: &Arc<Self>, stop: CancellationToken) -> Result<tokio::task::JoinHandle<()>> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if let Ok(e) = event {
+                if !e.kind.is_access() {
+                    let _ = tx.send(());
+                }
+            }
+        })
+        .context("cannot start watching the plugin files")?;
+        for dir in self.watched_dirs() {
+            watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| {
+                format!(
+                    "cannot watch {} for plugin changes (set worker.watch_plugins = false to run without)",
+                    dir.display()
+                )
+            })?;
+        }
+        let this = self.clone();
+        Ok(tokio::spawn(async move {
+            let _watcher = watcher;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    got = rx.recv() => if got.is_none() { return },
+                }
+                // Wait for the burst of events to end.
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(QUIET) => break,
+                        got = rx.recv() => if got.is_none() { return },
+                    }
+                }
+                this.reload(false).await;
+            }
+        }))
+    }
+}
+
+fn refuse(report: &mut ReloadReport, name: &str, runtime: &Runtime, why: String) {
+    let serving = runtime.plugin(name).map(|p| p.version.clone());
+    tracing::error!(
+        plugin = %name,
+        serving = serving.as_deref().unwrap_or("none"),
+        reason = %why,
+        "new plugin component refused; the loaded version keeps serving"
+    );
+    metrics::counter!("idem_plugin_reloads_total", "plugin" => name.to_string(), "result" => "refused").increment(1);
+    report.refused.push((name.to_string(), why));
+}
+
+/// A component's version: the first 12 hex digits of its SHA-256.
+pub fn version_of(bytes: &[u8]) -> String {
+    hex::encode(&Sha256::digest(bytes)[..6])
+}

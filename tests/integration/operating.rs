@@ -1,0 +1,562 @@
+//! Operating a running pool, with real `idem run` processes: hot reload
+//! (file watcher and SIGHUP), metrics and health over HTTP, graceful
+//! shutdown with a grace period, dead-letter tools, `idem verify`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use idem_host::backend::{self, Backends};
+use idem_host::config::{Config, StoreKind};
+use serde_json::json;
+
+use crate::common::*;
+
+/// A running `idem run`: its config file, log file and HTTP address.
+struct Running {
+    child: Child,
+    log: PathBuf,
+    http: String,
+}
+
+impl Running {
+    fn spawn(config: &Config, dir: &Path, name: &str, extra: &[&str]) -> Running {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let http = format!("127.0.0.1:{port}");
+        let config_path = dir.join(format!("{name}.toml"));
+        std::fs::write(&config_path, toml::to_string(config).unwrap()).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(extra)
+            .args(["run", "--listen", &http, "--config"])
+            .arg(&config_path)
+            .env("IDEM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn idem run");
+        Running { child, log, http }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn wait_for_log(&self, needle: &str, after: usize) {
+        wait_until(Duration::from_secs(30), &format!("{needle:?} in the worker's log"), || async {
+            self.log().matches(needle).count() > after
+        })
+        .await;
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        match reqwest::get(format!("http://{}{path}", self.http)).await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    async fn wait_ready(&self) {
+        wait_until(Duration::from_secs(30), "the worker to answer /readyz", || async {
+            self.get("/readyz").await.0 == 200
+        })
+        .await;
+    }
+
+    async fn loaded_version(&self, plugin: &str) -> Option<String> {
+        let (status, body) = self.get("/plugins").await;
+        if status != 200 {
+            return None;
+        }
+        let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        list.iter()
+            .find(|p| p["name"] == plugin)
+            .map(|p| p["version"].as_str().unwrap().to_string())
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap();
+        assert!(ok.success());
+    }
+
+    async fn wait_exit(mut self) -> std::process::ExitStatus {
+        tokio::task::spawn_blocking(move || self.child.wait().unwrap()).await.unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `bytes` with a custom section appended: another version (content hash)
+/// of the same component, behaving the same.
+fn with_custom_section(bytes: &[u8], tag: &str) -> Vec<u8> {
+    let name = b"idem-test-version";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name);
+    payload.extend_from_slice(tag.as_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0); // custom section id
+    let mut len = payload.len();
+    loop {
+        let byte = (len & 0x7f) as u8;
+        len >>= 7;
+        if len == 0 {
+            out.push(byte);
+            break;
+        }
+        out.push(byte | 0x80);
+    }
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn grants_batch(from: usize, to: usize) -> Vec<idem_host::envelope::Envelope> {
+    (from..to)
+        .map(|i| envelope(&format!("g-{i}"), "grant-credits", json!({ "user": format!("u{i}"), "balance": i })))
+        .collect()
+}
+
+/// The version recorded with each claim of grant-credits, by key.
+async fn claim_versions(db: &Path) -> std::collections::HashMap<String, String> {
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await.unwrap();
+    let rows: Vec<(String, String)> = sqlx::query_as("SELECT key, plugin_version FROM claims WHERE plugin = 'grant-credits'")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    rows.into_iter().collect()
+}
+
+async fn all_done(backends: &Backends, n: u64) -> bool {
+    let c = backends.claims.counts().await.unwrap();
+    c.done >= n && backends.broker.pending().await.unwrap() == 0
+}
+
+async fn check_credits(backends: &Backends, n: usize) {
+    let credits = backends.data.scan("credits").await.unwrap();
+    assert_eq!(credits.len(), n, "one balance per message");
+    for (user, value) in credits {
+        let i: usize = user[1..].parse().unwrap();
+        assert_eq!(value, i.to_string().into_bytes(), "balance of {user}");
+    }
+}
+
+/// An environment whose grant-credits component is a copy the test can
+/// replace.
+async fn reload_env(watch: bool) -> (Env, PathBuf, Vec<u8>) {
+    let mut env = Env::new().await;
+    let file = env.dir.path().join("grant_credits.wasm");
+    let original = std::fs::read(plugin_dir().join("grant_credits.wasm")).unwrap();
+    std::fs::write(&file, &original).unwrap();
+    env.config.plugins.get_mut("grant-credits").unwrap().path = file.clone();
+    env.config.worker.watch_plugins = watch;
+    (env, file, original)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
+    let (env, file, original) = reload_env(true).await;
+    let backends = backend::open(&env.config).await.unwrap();
+    backends.broker.publish(&grants_batch(0, 300), Duration::ZERO).await.unwrap();
+    let worker = Running::spawn(&env.config, env.dir.path(), "reload", &[]);
+    worker.wait_ready().await;
+    let v1 = worker.loaded_version("grant-credits").await.unwrap();
+
+    // A half-written file (as a slow copy leaves it) is refused...
+    let v2_bytes = with_custom_section(&original, "v2");
+    let refused_before = worker.log().matches("new plugin component refused").count();
+    std::fs::write(&file, &v2_bytes[..v2_bytes.len() / 2]).unwrap();
+    worker.wait_for_log("new plugin component refused", refused_before).await;
+    assert_eq!(worker.loaded_version("grant-credits").await.as_deref(), Some(v1.as_str()));
+    // ...and the write that completes it is loaded.
+    std::fs::write(&file, &v2_bytes).unwrap();
+    wait_until(Duration::from_secs(30), "the new version to be loaded", || async {
+        worker.loaded_version("grant-credits").await.is_some_and(|v| v != v1)
+    })
+    .await;
+    let v2 = worker.loaded_version("grant-credits").await.unwrap();
+    assert_eq!(v2, idem_host::reload::version_of(&v2_bytes));
+
+    // Messages published after the swap run the new version.
+    backends.broker.publish(&grants_batch(300, 400), Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(60), "all 400 messages done", || all_done(&backends, 400)).await;
+    check_credits(&backends, 400).await;
+    let counts = backends.claims.counts().await.unwrap();
+    assert_eq!((counts.done, counts.dead, counts.dead_letters), (400, 0, 0));
+    let versions = claim_versions(&env.config.database.path).await;
+    assert_eq!(versions.len(), 400);
+    for (key, version) in &versions {
+        assert!(
+            version == &v1 || version == &v2,
+            "{key} ran version {version}, neither {v1} nor {v2}"
+        );
+    }
+    for i in 300..400 {
+        assert_eq!(versions[&format!("g-{i}")], v2, "g-{i} was published after the swap");
+    }
+
+    // `idem plugin list` asks the running pool.
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["plugin", "list", "--json", "--url", &worker.http])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        listed.iter().any(|p| p["name"] == "grant-credits" && p["version"] == v2.as_str()),
+        "{listed:?}"
+    );
+    assert!(listed.iter().any(|p| p["name"] == "record-payment"), "{listed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
+    // No file watcher here: SIGHUP triggers the reload.
+    let (env, file, original) = reload_env(false).await;
+    let backends = backend::open(&env.config).await.unwrap();
+    let worker = Running::spawn(&env.config, env.dir.path(), "refuse", &[]);
+    worker.wait_ready().await;
+    let v1 = worker.loaded_version("grant-credits").await.unwrap();
+    assert_eq!(v1, idem_host::reload::version_of(&original));
+
+    // A component that imports sockets is refused at the check, by name.
+    std::fs::copy(plugin_dir().join("sneaky_net.wasm"), &file).unwrap();
+    worker.signal("-HUP");
+    worker.wait_for_log("new plugin component refused", 0).await;
+    let log = worker.log();
+    assert!(log.contains("wasi:sockets"), "the refusal names the import:\n{log}");
+    // Garbage is refused as not a component.
+    std::fs::write(&file, b"not a component").unwrap();
+    worker.signal("-HUP");
+    worker.wait_for_log("new plugin component refused", 1).await;
+    assert!(worker.log().contains("not a valid WebAssembly component"));
+
+    backends.broker.publish(&grants_batch(0, 50), Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "50 messages done", || all_done(&backends, 50)).await;
+    check_credits(&backends, 50).await;
+    assert_eq!(worker.loaded_version("grant-credits").await, Some(v1.clone()));
+    let versions = claim_versions(&env.config.database.path).await;
+    assert!(
+        versions.values().all(|v| v == &v1),
+        "every message ran the old version: {versions:?}"
+    );
+    let counts = backends.claims.counts().await.unwrap();
+    assert_eq!((counts.done, counts.dead_letters), (50, 0));
+}
+
+/// The value of one metric line (`name{labels} value`), if present.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_report_a_known_run() {
+    let env = Env::new().await;
+    let backends = backend::open(&env.config).await.unwrap();
+    let worker = Running::spawn(&env.config, env.dir.path(), "metrics", &["--log-format", "json"]);
+    assert_eq!(worker_healthz(&worker).await, 200);
+    worker.wait_ready().await;
+    let (_, ready) = worker.get("/readyz").await;
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready, json!({ "ready": true, "broker": "ok", "claims": "ok", "data": "ok" }));
+
+    // 20 grants, one of them published twice, and one permanent failure.
+    let mut batch = grants_batch(0, 20);
+    batch.push(envelope("poison-p", "poison", json!({ "mode": "permanent" })));
+    backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "21 messages settled", || async {
+        let c = backends.claims.counts().await.unwrap();
+        c.done == 20 && c.dead == 1
+    })
+    .await;
+    backends.broker.publish(&grants_batch(7, 8), Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "the duplicate acked", || async {
+        backends.broker.pending().await.unwrap() == 0
+    })
+    .await;
+
+    let text = wait_for(Duration::from_secs(30), "the metrics to show the run", || async {
+        let text = worker.get("/metrics").await.1;
+        (metric(&text, "idem_messages_total{outcome=\"duplicate\"}") == Some(1.0)).then_some(text)
+    })
+    .await;
+    let m = |series: &str| metric(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+    assert_eq!(m("idem_messages_total{outcome=\"done\"}"), 20.0);
+    assert_eq!(m("idem_messages_total{outcome=\"dead_lettered\"}"), 1.0);
+    assert_eq!(m("idem_messages_total{outcome=\"conflict\"}"), 0.0);
+    assert_eq!(m("idem_messages_total{outcome=\"retry\"}"), 0.0);
+    assert_eq!(m("idem_executions_total"), 21.0);
+    assert_eq!(m("idem_permanent_errors_total"), 1.0);
+    assert_eq!(m("idem_fence_rejections_total"), 0.0);
+    assert_eq!(m("idem_dead_letters"), 1.0);
+    assert_eq!(m("idem_in_flight"), 0.0);
+    assert_eq!(m("idem_handler_duration_seconds_count{plugin=\"grant-credits\"}"), 20.0);
+    assert_eq!(m("idem_handler_duration_seconds_count{plugin=\"poison\"}"), 1.0);
+    assert!(
+        text.contains("idem_plugin_loaded_at_seconds{plugin=\"grant-credits\",version=\""),
+        "{text}"
+    );
+
+    // Logs are JSON lines; a message's lines carry its span.
+    let log = worker.log();
+    let dead = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "dead-lettered")
+        .unwrap_or_else(|| panic!("no JSON dead-letter line in:\n{log}"));
+    assert_eq!(dead["span"]["plugin"], "poison");
+    assert_eq!(dead["span"]["key"], "poison-p");
+    assert_eq!(dead["span"]["attempt"], 1);
+}
+
+async fn worker_healthz(worker: &Running) -> u16 {
+    wait_for(Duration::from_secs(30), "the worker to answer /healthz", || async {
+        let status = worker.get("/healthz").await.0;
+        (status != 0).then_some(status)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_run_releases_what_outlives_the_grace_period_and_loses_nothing() {
+    let mut env = Env::new().await;
+    env.config.worker.shutdown_grace_ms = 300;
+    // This order's reservation step hangs until released: its handler is
+    // still running when the grace period ends.
+    env.mock.state.lock().unwrap().held.insert("inventory/ord-term".into());
+    let backends = backend::open(&env.config).await.unwrap();
+    env.mock.watch_journal(backends.claims.clone());
+    let mut batch = vec![envelope(
+        "msg-ord-term",
+        "fulfil-order",
+        json!({ "order_id": "ord-term", "customer": "c", "email": "c@example.com", "sku": "s", "quantity": 1, "amount_cents": 900 }),
+    )];
+    batch.extend(grants_batch(0, 200));
+    backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+
+    let first = Running::spawn(&env.config, env.dir.path(), "term-1", &[]);
+    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
+        .await
+        .expect("the order's handler reached the held step");
+    first.signal("-TERM");
+    let status = first.wait_exit().await;
+    assert!(status.success(), "exit 0 after SIGTERM: {status:?}");
+    // The held handler outlived the grace period: its claim was released
+    // (not left running until the lease ends) and its delivery not acked.
+    assert_eq!(
+        backends.claims.state("fulfil-order", "ord-term").await.unwrap().as_deref(),
+        Some("retry")
+    );
+    let log = std::fs::read_to_string(env.dir.path().join("term-1.log")).unwrap();
+    assert!(log.contains("shutdown grace period over"), "{log}");
+    assert!(log.contains("claim released for redelivery"), "{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+    assert!(backends.broker.pending().await.unwrap() >= 1);
+
+    // A second worker finishes everything; the journaled charge is not repeated.
+    env.mock.release();
+    let second = Running::spawn(&env.config, env.dir.path(), "term-2", &[]);
+    wait_until(Duration::from_secs(60), "everything done", || all_done(&backends, 201)).await;
+    check_credits(&backends, 200).await;
+    for api in ["payments", "inventory", "email"] {
+        assert_eq!(env.mock.performed(api, "ord-term"), 1, "{api}");
+    }
+    assert_eq!(env.mock.calls_after_journal(), 0);
+    let counts = backends.claims.counts().await.unwrap();
+    assert_eq!((counts.done, counts.dead, counts.running, counts.retry), (201, 0, 0, 0));
+    second.signal("-TERM");
+    assert!(second.wait_exit().await.success());
+}
+
+/// Run `idem` with a config file; (success, stdout, stderr).
+fn idem(config: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Dead-letter a payment whose API keeps failing, replay it once the API
+/// works, and purge a poison message, on the given claim store.
+async fn dead_letter_round_trip(mut env: Env, tag: &str) {
+    env.config.retry.max_attempts = 2;
+    let config_path = env.dir.path().join(format!("{tag}.toml"));
+    std::fs::write(&config_path, toml::to_string(&env.config).unwrap()).unwrap();
+    // The payments API fails the first two requests for pay-dl.
+    env.mock.state.lock().unwrap().flaky.insert("pay-dl".into(), 2);
+    let pool = env.start().await;
+    pool.backends
+        .broker
+        .publish(
+            &[
+                envelope(
+                    "msg-pay-dl",
+                    "record-payment",
+                    json!({ "payment_id": "pay-dl", "customer": "c", "amount_cents": 700 }),
+                ),
+                envelope("msg-poison", "poison", json!({ "mode": "permanent" })),
+            ],
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    drain(&pool).await;
+    assert_eq!(state(&pool, "record-payment", "pay-dl").await.as_deref(), Some("dead"));
+
+    let (ok, out, err) = idem(&config_path, &["dlq", "list", "--json"]);
+    assert!(ok, "{err}");
+    let letters: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    let pay = letters.iter().find(|d| d["plugin"] == "record-payment").unwrap();
+    let id = pay["id"].as_i64().unwrap().to_string();
+
+    let (ok, out, err) = idem(&config_path, &["dlq", "show", &id, "--json"]);
+    assert!(ok, "{err}");
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["msg_id"], "msg-pay-dl");
+    assert_eq!(shown["attempts"], 2);
+    assert!(shown["reason"].as_str().unwrap().contains("503"), "{shown}");
+    assert_eq!(
+        shown["plugin_version"].as_str(),
+        Some(pool.runtime.plugin("record-payment").unwrap().version.as_str())
+    );
+    let payload: serde_json::Value = serde_json::from_str(shown["payload"].as_str().unwrap()).unwrap();
+    assert_eq!(payload["payment_id"], "pay-dl");
+    let (ok, out, _) = idem(&config_path, &["dlq", "show", &id]);
+    assert!(ok && out.contains("msg-pay-dl") && out.contains("attempts        2"), "{out}");
+    let (ok, _, err) = idem(&config_path, &["dlq", "show", "999999"]);
+    assert!(!ok && err.contains("no dead letter with id 999999"), "{err}");
+
+    // Replay: the API works now; the message completes.
+    let (ok, out, err) = idem(&config_path, &["dlq", "replay", &id]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("replayed dead letter {id}")), "{out}");
+    wait_until(Duration::from_secs(30), "the replayed payment to be done", || async {
+        state(&pool, "record-payment", "pay-dl").await.as_deref() == Some("done")
+    })
+    .await;
+    drain(&pool).await;
+    assert_eq!(env.mock.performed("payments", "pay-dl"), 1);
+    let stored = pool.backends.data.get("payments", "pay-dl").await.unwrap();
+    assert!(stored.is_some(), "the replayed handler ran to the end");
+    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "the replayed record is gone: {letters:?}");
+    assert_eq!(letters[0].plugin, "poison");
+
+    // Purge the rest of one plugin's dead letters.
+    let (ok, _, err) = idem(&config_path, &["dlq", "purge", "--all", "--plugin", "poison"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("1 dead letter(s) deleted"), "{err}");
+    assert!(pool.backends.claims.dead_letters(10).await.unwrap().is_empty());
+    assert_eq!(
+        state(&pool, "poison", "msg-poison").await.as_deref(),
+        Some("dead"),
+        "purge keeps the claim dead"
+    );
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_replay_and_purge_on_sqlite() {
+    dead_letter_round_trip(Env::new().await, "dlq-sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_replay_and_purge_on_postgres() {
+    let mut env = Env::new().await;
+    env.config.namespace = unique_namespace("dlqpg");
+    env.config.claims.kind = StoreKind::Postgres;
+    env.config.claims.url = Some(services::postgres());
+    env.config.data.kind = StoreKind::Postgres;
+    env.config.data.url = Some(services::postgres());
+    dead_letter_round_trip(env, "dlq-postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_replay_and_purge_on_redis_claims() {
+    let mut env = Env::new().await;
+    env.config.namespace = unique_namespace("dlqredis");
+    env.config.claims.kind = StoreKind::Redis;
+    env.config.claims.url = Some(services::redis());
+    env.config.data.kind = StoreKind::Postgres;
+    env.config.data.url = Some(services::postgres());
+    dead_letter_round_trip(env, "dlq-redis").await;
+}
+
+fn verify(plugin: &str, input: &str) -> (bool, String, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let plugins = plugin_dir();
+    // The example configuration, its plugin paths pointed at this build.
+    let text = std::fs::read_to_string(root.join("examples/embedded.toml"))
+        .unwrap()
+        .replace("../target/plugins/wasm32-wasip2/plugin", plugins.to_str().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("embedded.toml");
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["verify", plugin, "--json", "--input"])
+        .arg(root.join("examples/verify").join(input))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn verify_catches_the_non_idempotent_example() {
+    let (ok, out, err) = verify("add-credits", "add-credits.jsonl");
+    assert!(!ok, "verify must fail on add-credits:\n{out}\n{err}");
+    let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let findings = report["findings"].as_array().unwrap();
+    let kinds: Vec<&str> = findings.iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"second-run-changed-state"), "{out}");
+    // The balance doubled and the attempt number changed on the second run.
+    let changed = findings.iter().find(|f| f["kind"] == "second-run-changed-state").unwrap();
+    let detail = changed["detail"].as_str().unwrap();
+    assert!(detail.contains("accounts/alice"), "{detail}");
+    assert!(
+        detail.contains(r#"{"balance":100,"last_attempt":1} → {"balance":200,"last_attempt":2}"#),
+        "{detail}"
+    );
+    assert!(out.contains("NOT IDEMPOTENT"), "{out}");
+}
+
+#[test]
+fn verify_passes_the_idempotent_examples() {
+    for (plugin, input) in [
+        ("grant-credits", "grant-credits.jsonl"),
+        ("record-payment", "record-payment.jsonl"),
+        ("fulfil-order", "fulfil-order.jsonl"),
+    ] {
+        let (ok, out, err) = verify(plugin, input);
+        assert!(ok, "{plugin}:\n{out}\n{err}");
+        let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(report["findings"], json!([]), "{plugin}");
+        assert!(report["messages"].as_u64().unwrap() >= 2, "{plugin}");
+    }
+}
+
+#[test]
+fn verify_names_a_plugin_it_cannot_find() {
+    let (ok, _, err) = verify("no-such-plugin", "grant-credits.jsonl");
+    assert!(!ok);
+    assert!(err.contains("\"no-such-plugin\" is neither a plugin of the configuration"), "{err}");
+}
