@@ -84,7 +84,7 @@ def wait(n, t0_ns, pid):
             os.kill(pid, 0)
         except ProcessLookupError:
             fail(f"the worker exited with {done}/{n} tasks done")
-        time.sleep(0.01)
+        time.sleep(0.02)
 
 
 def verify(n):

@@ -147,5 +147,11 @@ pub async fn open(config: &Config) -> Result<Backends> {
         }
         StoreKind::Redis => anyhow::bail!("data.kind = \"redis\" is not supported"),
     };
+    // Postgres commits concurrent handlers' upserts together.
+    let data: Arc<dyn DataStore> = if config.data.kind == StoreKind::Postgres {
+        Arc::new(crate::store::batch::GroupCommit::new(data))
+    } else {
+        data
+    };
     Ok(Backends { broker, claims, data })
 }

@@ -30,7 +30,10 @@ fn config_from_example(file: &str, dir: &Path, mock: &Mock) -> Config {
     config.database.path = dir.join("idem.db");
     config.endpoints = demo.endpoints;
     for (name, plugin) in config.plugins.iter_mut() {
-        plugin.path = demo.plugins[name].path.clone();
+        plugin.path = match demo.plugins.get(name) {
+            Some(p) => p.path.clone(),
+            None => plugin_dir().join(plugin.path.file_name().expect("a plugin file")),
+        };
     }
     config.worker.concurrency = 8;
     config.worker.lease_ms = 2_000;

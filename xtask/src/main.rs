@@ -1,11 +1,14 @@
 //! Developer commands: `cargo xtask demo [-- ARGS]`, `cargo xtask test`,
-//! `cargo xtask chaos [-- ARGS]`, `cargo xtask plugins`, `cargo xtask lint`.
+//! `cargo xtask chaos [-- ARGS]`, `cargo xtask plugins`, `cargo xtask lint`,
+//! `cargo xtask chart IN.json OUT.png` (the benchmark chart).
 //!
 //! Each sets up what it needs on a fresh machine: the `wasm32-wasip2`
 //! target, the plugin components, the host binary, and (for `test`) the
 //! services of `scripts/services.sh`. Everything built lands
 //! in `target/`: plugins in `target/plugins/wasm32-wasip2/plugin/`, the host
 //! in `target/release/`, one build shared by the demo and the tests.
+
+mod chart;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -98,6 +101,10 @@ fn try_main() -> Result<()> {
             run(&mut cmd)
         }
         "fuzz" => fuzz(&root, &rest),
+        "chart" => match rest.as_slice() {
+            [input, output] => chart::chart(Path::new(input), Path::new(output)),
+            _ => bail!("usage: cargo xtask chart INPUT.json OUTPUT.png"),
+        },
         "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
         "lint" => {
             cargo(&["fmt", "--all", "--check"])?;
@@ -130,7 +137,7 @@ fn try_main() -> Result<()> {
             run(&mut cmd)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | fuzz [-- SECONDS] | plugins | lint>");
+            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | fuzz [-- SECONDS] | plugins | lint | chart IN.json OUT.png>");
             if task == "help" {
                 Ok(())
             } else {

@@ -1,6 +1,7 @@
 //! The plugin data store: collections of opaque values, with writes that
 //! commit only while the writer's claim is current.
 
+pub mod batch;
 pub mod postgres;
 pub mod sqlite;
 
@@ -41,6 +42,19 @@ impl From<sqlx::Error> for DataError {
     }
 }
 
+/// One upsert of a batch: a value written under a claim.
+#[derive(Debug, Clone)]
+pub struct Upsert {
+    /// The claim the write presents.
+    pub claim: ClaimRef,
+    /// Collection.
+    pub collection: String,
+    /// Key in the collection.
+    pub key: String,
+    /// Value.
+    pub value: Vec<u8>,
+}
+
 /// The data store. A write with `Some(claim)` commits only if the claim's
 /// fence is current, atomically with the check; `None` is an unguarded
 /// write (outage policy `run-unguarded`).
@@ -61,6 +75,17 @@ pub trait DataStore: Send + Sync + 'static {
     /// Stores that check the claim row itself need nothing.
     async fn advance_fence(&self, _claim: &ClaimRef) -> Result<(), DataError> {
         Ok(())
+    }
+    /// Upsert many values, each under its own claim, with one result per
+    /// item in order (a stale fence fails only its own item). Stores that
+    /// can write a batch in one statement and one transaction override
+    /// this; the default writes one at a time.
+    async fn upsert_many(&self, items: &[Upsert]) -> Vec<Result<(), DataError>> {
+        let mut out = Vec::with_capacity(items.len());
+        for u in items {
+            out.push(self.upsert(Some(&u.claim), &u.collection, &u.key, &u.value).await);
+        }
+        out
     }
     /// Every key and value of a collection (for inspection and tests).
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError>;

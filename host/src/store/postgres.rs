@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use super::{DataError, DataStore, Inserted};
+use super::{DataError, DataStore, Inserted, Upsert};
 use crate::claim::ClaimRef;
 use crate::now_ms;
 
@@ -125,6 +125,53 @@ impl DataStore for PgData {
                 .await?;
         }
         Ok(())
+    }
+
+    async fn upsert_many(&self, items: &[Upsert]) -> Vec<Result<(), DataError>> {
+        let query = match self.fencing {
+            Fencing::Token => include_str!("../../queries/postgres/kv_upsert_batch_token.sql"),
+            Fencing::ClaimRow => include_str!("../../queries/postgres/kv_upsert_batch_claim_row.sql"),
+        };
+        let col = |f: fn(&Upsert) -> String| items.iter().map(f).collect::<Vec<String>>();
+        let written: Result<Vec<i64>, sqlx::Error> = sqlx::query_scalar(query)
+            .bind(col(|u| u.claim.plugin.clone()))
+            .bind(col(|u| u.claim.key.clone()))
+            .bind(items.iter().map(|u| u.claim.fence).collect::<Vec<i64>>())
+            .bind(col(|u| u.collection.clone()))
+            .bind(col(|u| u.key.clone()))
+            .bind(items.iter().map(|u| u.value.clone()).collect::<Vec<Vec<u8>>>())
+            .bind(now_ms())
+            .fetch_all(&self.pool)
+            .await;
+        match written {
+            Ok(positions) => {
+                let mut ok = vec![false; items.len()];
+                for p in positions {
+                    if let Some(slot) = ok.get_mut((p - 1) as usize) {
+                        *slot = true;
+                    }
+                }
+                items
+                    .iter()
+                    .zip(ok)
+                    .map(|(u, ok)| {
+                        if ok {
+                            Ok(())
+                        } else {
+                            Err(DataError::FenceLost {
+                                plugin: u.claim.plugin.clone(),
+                                key: u.claim.key.clone(),
+                                fence: u.claim.fence,
+                            })
+                        }
+                    })
+                    .collect()
+            }
+            Err(e) => {
+                let message = e.to_string();
+                items.iter().map(|_| Err(DataError::Unavailable(message.clone()))).collect()
+            }
+        }
     }
 
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {

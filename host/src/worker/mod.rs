@@ -100,6 +100,17 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "worker".into())
 }
 
+/// An execution that returned ok, waiting for its confirm and ack.
+struct Settled {
+    claim: ClaimRef,
+    receipt: String,
+    envelope: Option<crate::envelope::Envelope>,
+}
+
+/// Most confirmations sent to the claim store (and acks to the broker) in
+/// one round trip.
+const SETTLE_BATCH: usize = 256;
+
 struct InFlight {
     claim: ClaimRef,
     receipt: String,
@@ -116,12 +127,15 @@ pub struct Worker {
     in_flight: Mutex<HashMap<u64, InFlight>>,
     next_id: AtomicU64,
     durations: Durations,
+    settle_tx: tokio::sync::mpsc::Sender<Settled>,
+    settle_rx: Mutex<Option<tokio::sync::mpsc::Receiver<Settled>>>,
 }
 
 impl Worker {
     /// A worker over these backends and loaded plugins.
     pub fn new(backends: Backends, runtime: Arc<Runtime>, caps: Arc<Capabilities>, options: WorkerOptions) -> Arc<Self> {
         let counters = caps.counters.clone();
+        let (settle_tx, settle_rx) = tokio::sync::mpsc::channel(options.concurrency * 4 + SETTLE_BATCH);
         Arc::new(Worker {
             backends,
             runtime,
@@ -131,6 +145,8 @@ impl Worker {
             in_flight: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             durations: Durations::default(),
+            settle_tx,
+            settle_rx: Mutex::new(Some(settle_rx)),
         })
     }
 
@@ -159,6 +175,15 @@ impl Worker {
             let this = self.clone();
             let stop = heartbeat_stop.clone();
             tokio::spawn(async move { this.heartbeat_loop(every, stop).await })
+        });
+        // Successful executions are confirmed and acked in batches by one
+        // task, off the handler slots: a slot is free again as soon as its
+        // handler returns.
+        let settler_stop = CancellationToken::new();
+        let settler = self.settle_rx.lock().expect("settle receiver poisoned").take().map(|rx| {
+            let this = self.clone();
+            let stop = settler_stop.clone();
+            tokio::spawn(async move { this.settle_loop(rx, stop).await })
         });
         let slots = Arc::new(Semaphore::new(self.options.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
@@ -217,6 +242,10 @@ impl Worker {
         let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             self.stop_running(&mut tasks).await;
+        }
+        settler_stop.cancel();
+        if let Some(s) = settler {
+            let _ = s.await;
         }
         heartbeat_stop.cancel();
         if let Some(h) = heartbeat {
@@ -497,27 +526,19 @@ impl Worker {
             }
             return;
         };
-        let now = now_ms();
         match outcome {
-            Outcome::Done => match self.backends.claims.confirm(std::slice::from_ref(&claim), now).await {
-                Ok(v) if v.first() == Some(&true) => {
-                    Counters::inc(&c.done);
-                    tracing::debug!("done");
-                    self.ack(vec![&d.receipt]).await;
-                    if let Some(hook) = &self.options.on_done {
-                        (hook.0)(&d.envelope);
-                    }
+            Outcome::Done => {
+                let settled = Settled {
+                    claim,
+                    receipt: d.receipt,
+                    envelope: self.options.on_done.is_some().then_some(d.envelope),
+                };
+                if let Err(unsent) = self.settle_tx.send(settled).await {
+                    // The settler is gone (cannot happen while `run` runs):
+                    // confirm this one on its own.
+                    self.confirm_batch(vec![unsent.0]).await;
                 }
-                Ok(_) => {
-                    Counters::inc(&c.fence_rejections);
-                    tracing::warn!("confirm refused: the claim was taken over; handing the delivery back");
-                    self.hand_back(&d.receipt).await;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "confirm failed; handing the delivery back");
-                    self.hand_back(&d.receipt).await;
-                }
-            },
+            }
             Outcome::Permanent(reason) => {
                 Counters::inc(&c.permanent_errors);
                 self.dead_letter(&d, &a, &claim, &format!("permanent error: {reason}")).await;
@@ -541,6 +562,65 @@ impl Worker {
                 // without counting a trap.
                 tracing::warn!(%reason, "host error before the handler ran");
                 self.retry_or_dead_letter(&d, &a, &claim, &reason, false).await
+            }
+        }
+    }
+
+    /// Confirm and ack successful executions in batches until `stop`, then
+    /// flush what is queued.
+    async fn settle_loop(&self, mut rx: tokio::sync::mpsc::Receiver<Settled>, stop: CancellationToken) {
+        let mut batch = Vec::with_capacity(SETTLE_BATCH);
+        loop {
+            tokio::select! {
+                biased;
+                n = rx.recv_many(&mut batch, SETTLE_BATCH) => if n == 0 { return },
+                _ = stop.cancelled() => {
+                    rx.close();
+                    while rx.recv_many(&mut batch, SETTLE_BATCH).await > 0 {
+                        self.confirm_batch(std::mem::take(&mut batch)).await;
+                    }
+                    return;
+                }
+            }
+            self.confirm_batch(std::mem::take(&mut batch)).await;
+        }
+    }
+
+    /// Confirm claims (one round trip), then ack what was confirmed (one
+    /// more). A refused confirm means the claim was taken over: its
+    /// delivery is handed back.
+    async fn confirm_batch(&self, items: Vec<Settled>) {
+        let c = &self.counters;
+        let claims: Vec<ClaimRef> = items.iter().map(|s| s.claim.clone()).collect();
+        match self.backends.claims.confirm(&claims, now_ms()).await {
+            Ok(confirmed) => {
+                let mut acks = Vec::with_capacity(items.len());
+                for (item, ok) in items.iter().zip(confirmed) {
+                    if ok {
+                        Counters::inc(&c.done);
+                        acks.push(item.receipt.as_str());
+                    } else {
+                        Counters::inc(&c.fence_rejections);
+                        let claim = &item.claim;
+                        tracing::warn!(plugin = %claim.plugin, key = %claim.key, fence = claim.fence, "confirm refused: the claim was taken over; handing the delivery back");
+                        self.hand_back(&item.receipt).await;
+                    }
+                }
+                let acked: std::collections::HashSet<&str> = acks.iter().copied().collect();
+                self.ack(acks).await;
+                if let Some(hook) = &self.options.on_done {
+                    for item in items.iter().filter(|i| acked.contains(i.receipt.as_str())) {
+                        if let Some(e) = &item.envelope {
+                            (hook.0)(e);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, count = items.len(), "confirm failed; handing the deliveries back");
+                for item in &items {
+                    self.hand_back(&item.receipt).await;
+                }
             }
         }
     }
