@@ -68,13 +68,18 @@ def publish(n):
 
 
 def wait(n, t0_ns, pid):
-    """Print seconds from T0_NS until the counter reaches N."""
+    """Print seconds from T0_NS until the counter reaches N, and until the
+    first task was done (the worker's start-up)."""
     r = rdb()
+    first = None
     last, last_change = 0, time.monotonic()
     while True:
         done = int(r.get(DONE_COUNTER) or 0)
+        now = (time.time_ns() - t0_ns) / 1e9
+        if done and first is None:
+            first = now
         if done >= n:
-            print(f"{(time.time_ns() - t0_ns) / 1e9:.3f}")
+            print(f"{now:.3f} {first:.3f}")
             return
         if done != last:
             last, last_change = done, time.monotonic()
