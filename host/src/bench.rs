@@ -34,7 +34,7 @@ use crate::runtime::native::{GrantCredits, NativeHandler, Noop};
 use crate::worker::{OnDone, WorkerOptions};
 
 /// The header carrying a latency message's publish time (µs since the epoch).
-const PUBLISHED_AT: &str = "idem-bench-published-us";
+const PUBLISHED_AT: &str = "bench-published-us";
 
 /// Which deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]

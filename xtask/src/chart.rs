@@ -75,13 +75,20 @@ pub fn chart(input: &Path, output: &Path) -> Result<()> {
         .draw()?;
     for (i, bar) in bars.iter().enumerate() {
         let x = i as f64;
-        chart.draw_series(std::iter::once(Rectangle::new([(x + 0.12, 0.0), (x + 0.88, bar.rate)], bar.colour.filled())))?;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(x + 0.12, 0.0), (x + 0.88, bar.rate)],
+            bar.colour.filled(),
+        )))?;
         chart.draw_series(std::iter::once(Text::new(
             format!("{:.0}", bar.rate),
             (x + 0.2, bar.rate + top * 0.02),
             ("sans-serif", 14),
         )))?;
-        chart.draw_series(std::iter::once(Text::new(bar.label.clone(), (x + 0.1, -top * 0.03), ("sans-serif", 13))))?;
+        chart.draw_series(std::iter::once(Text::new(
+            bar.label.clone(),
+            (x + 0.1, -top * 0.03),
+            ("sans-serif", 13),
+        )))?;
     }
     root.present()?;
     Ok(())

@@ -1,5 +1,6 @@
 //! Developer commands: `cargo xtask demo [-- ARGS]`, `cargo xtask test`,
-//! `cargo xtask chaos [-- ARGS]`, `cargo xtask plugins`, `cargo xtask lint`,
+//! `cargo xtask chaos [-- ARGS]`, `cargo xtask plugins`, `cargo xtask build`,
+//! `cargo xtask lint`,
 //! `cargo xtask chart IN.json OUT.png` (the benchmark chart).
 //!
 //! Each sets up what it needs on a fresh machine: the `wasm32-wasip2`
@@ -35,14 +36,7 @@ fn try_main() -> Result<()> {
     std::env::set_current_dir(&root)?;
     match task {
         "demo" => {
-            let plugins = build_plugins(&root)?;
-            // The same package set as `test`, so both share one build of the
-            // dependencies (features are unified per package set).
-            let mut build = Command::new("cargo");
-            build
-                .args(["build", "--release", "--workspace", "--exclude", "xtask"])
-                .args(plugin_excludes(&root)?);
-            run(&mut build)?;
+            let plugins = build_all(&root)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("demo").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
@@ -90,12 +84,7 @@ fn try_main() -> Result<()> {
         }
         "chaos" => {
             run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
-            let plugins = build_plugins(&root)?;
-            let mut build = Command::new("cargo");
-            build
-                .args(["build", "--release", "--workspace", "--exclude", "xtask"])
-                .args(plugin_excludes(&root)?);
-            run(&mut build)?;
+            let plugins = build_all(&root)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
@@ -106,6 +95,7 @@ fn try_main() -> Result<()> {
             _ => bail!("usage: cargo xtask chart INPUT.json OUTPUT.png"),
         },
         "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
+        "build" => build_all(&root).map(|dir| println!("{}", dir.display())),
         "lint" => {
             cargo(&["fmt", "--all", "--check"])?;
             cargo(&[
@@ -137,7 +127,7 @@ fn try_main() -> Result<()> {
             run(&mut cmd)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | fuzz [-- SECONDS] | plugins | lint | chart IN.json OUT.png>");
+            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | fuzz [-- SECONDS] | plugins | build | lint | chart IN.json OUT.png>");
             if task == "help" {
                 Ok(())
             } else {
@@ -232,6 +222,19 @@ fn plugin_excludes(root: &Path) -> Result<Vec<String>> {
         .into_iter()
         .flat_map(|p| ["--exclude".to_string(), p])
         .collect())
+}
+
+/// Build the plugins and the release host; return the plugin directory.
+/// The same package set as `test`, so both share one build of the
+/// dependencies (features are unified per package set).
+fn build_all(root: &Path) -> Result<PathBuf> {
+    let plugins = build_plugins(root)?;
+    let mut build = Command::new("cargo");
+    build
+        .args(["build", "--release", "--workspace", "--exclude", "xtask"])
+        .args(plugin_excludes(root)?);
+    run(&mut build)?;
+    Ok(plugins)
 }
 
 /// Build every plugin as a component; return the directory holding them.

@@ -21,7 +21,9 @@ use crate::claim::ClaimRef;
 /// Most upserts in one batch.
 pub const MAX_BATCH: usize = 256;
 
-/// Batches committing at once.
+/// Batches committing at once. Measured with `idem bench` scenario b at
+/// concurrency 8: 1, 2, 4 and 8 gave about 4.0k, 4.2k, 3.9k and 3.1k
+/// messages/s (more batches in flight means smaller batches, more commits).
 pub const IN_FLIGHT: usize = 2;
 
 struct Pending {
