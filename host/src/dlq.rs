@@ -83,7 +83,7 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
     for d in letters {
         let claim_revived = backends
             .claims
-            .revive(&d.plugin, &d.key, now_ms())
+            .revive(&d.plugin, &d.key, &crate::envelope::payload_hash(&d.payload), now_ms())
             .await
             .with_context(|| format!("dead letter {}: cannot reset its claim", d.id))?;
         let envelope = Envelope {

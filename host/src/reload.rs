@@ -74,17 +74,34 @@ impl Reloader {
             .collect()
     }
 
+    /// Is `path` (as a watcher reports it) one of the configured plugin files?
+    fn is_plugin_file(&self, path: &Path) -> bool {
+        let Some(name) = path.file_name() else { return false };
+        let config = self.config.lock().expect("config poisoned");
+        config.plugins.values().any(|p| p.path.file_name() == Some(name))
+    }
+
     /// Re-read the configuration file (SIGHUP): new plugin sections are
     /// loaded, changed grants and limits take effect. Other settings need a
     /// restart. A file that does not parse is refused; nothing changes.
     pub async fn reload_config(&self) -> ReloadReport {
         if let Some(path) = &self.config_path {
             match Config::load(path) {
-                Ok(fresh) => {
+                Ok(mut fresh) => {
                     let mut config = self.config.lock().expect("config poisoned");
-                    for name in config.plugins.keys() {
-                        if !fresh.plugins.contains_key(name) {
-                            tracing::warn!(plugin = %name, "plugin removed from the configuration; it stays loaded until the pool restarts");
+                    for (name, old) in &config.plugins {
+                        match fresh.plugins.get_mut(name) {
+                            None => {
+                                tracing::warn!(plugin = %name, "plugin removed from the configuration; it stays loaded until the pool restarts");
+                            }
+                            // The key pointer decides the idempotency key: a
+                            // new one would let a redelivery of a message
+                            // done under the old key run again.
+                            Some(p) if p.key_pointer != old.key_pointer => {
+                                tracing::error!(plugin = %name, "plugins.{name}.key_pointer changed: not applied, the idempotency keys must stay the same while messages are in flight; drain the queue and restart to change it");
+                                p.key_pointer = old.key_pointer.clone();
+                            }
+                            Some(_) => {}
                         }
                     }
                     *config = fresh;
@@ -147,9 +164,12 @@ impl Reloader {
     /// Runs until `stop` is cancelled.
     pub fn watch(self: &Arc<Self>, stop: CancellationToken) -> Result<tokio::task::JoinHandle<()>> {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        let files = self.clone();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // Only the plugin files count: other files in the directory (a
+            // SQLite database, say) may change all the time.
             if let Ok(e) = event {
-                if !e.kind.is_access() {
+                if !e.kind.is_access() && e.paths.iter().any(|p| files.is_plugin_file(p)) {
                     let _ = tx.send(());
                 }
             }

@@ -108,8 +108,23 @@ pub struct VerifyReport {
     pub version: String,
     /// Messages tried.
     pub messages: usize,
+    /// How each message's first run ended, in input order.
+    pub runs: Vec<FirstRun>,
     /// Findings, in input order.
     pub findings: Vec<Finding>,
+}
+
+/// One message's first run: the reference the repeats are compared with.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FirstRun {
+    /// The message id.
+    pub msg_id: String,
+    /// `ok`, or the error or trap.
+    pub outcome: String,
+    /// Stored values it changed.
+    pub changed: usize,
+    /// External calls it made.
+    pub calls: usize,
 }
 
 /// The command: verify, print, exit 1 on a finding.
@@ -299,6 +314,7 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
     let calls = || -> BTreeSet<String> { stub.state.lock().expect("stub state poisoned").requests.keys().cloned().collect() };
 
     let mut findings = Vec::new();
+    let mut runs = Vec::new();
     let total = messages.len();
     for Input {
         id: msg_id,
@@ -348,6 +364,12 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
         seq.backends.claims.confirm(&[claim], now_ms()).await?;
         let s2 = seq.snapshot(collections).await?;
         let c2 = calls();
+        runs.push(FirstRun {
+            msg_id: msg_id.clone(),
+            outcome: describe(&first),
+            changed: diff(&s0, &s1).len(),
+            calls: c1.difference(&c0).count(),
+        });
         let changed = diff(&s1, &s2);
         if !changed.is_empty() {
             find("second-run-changed-state", format!("the second run changed {}", changed.join("; ")));
@@ -419,6 +441,7 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
         plugin: name.to_string(),
         version: plugin.version.clone(),
         messages: total,
+        runs,
         findings,
     })
 }

@@ -8,7 +8,7 @@ use idem_host::backend::Backends;
 use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use idem_host::config::{Config, StoreConfig, StoreKind};
 use idem_host::envelope::{payload_hash, Envelope};
-use idem_host::store::{DataError, Inserted};
+use idem_host::store::{DataError, Inserted, Upsert};
 
 use crate::common::wait_until;
 
@@ -226,6 +226,19 @@ pub async fn claim_store_conformance(b: &Backends) {
     assert!(letters.iter().all(|d| !d.payload.is_empty()));
     let counts = claims.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead, counts.running, counts.dead_letters), (1, 2, 0, 3));
+
+    // Replay support: only a dead claim taken for the same payload revives,
+    // with no attempts counted; the dead-letter record can then be removed.
+    assert!(!claims.revive("p", "k2", &payload_hash(b"another"), t0 + 7_000).await.unwrap());
+    assert!(!claims.revive("p", "k1", &hash, t0 + 7_000).await.unwrap(), "k1 is done, not dead");
+    assert!(claims.revive("p", "k2", &hash, t0 + 7_000).await.unwrap());
+    assert_eq!(claims.state("p", "k2").await.unwrap().as_deref(), Some("retry"));
+    let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 7_001).await.unwrap();
+    assert!(matches!(out[0], ClaimOutcome::Acquired { attempt: 1, .. }), "{out:?}");
+    let k2 = letters.iter().find(|d| d.key == "k2").unwrap();
+    assert_eq!(claims.dead_letter_get(k2.id).await.unwrap().unwrap().key, "k2");
+    assert_eq!(claims.dead_letter_remove(&[k2.id, k2.id]).await.unwrap(), 1);
+    assert!(claims.dead_letter_get(k2.id).await.unwrap().is_none());
 }
 
 pub async fn data_store_conformance(b: &Backends) {
@@ -245,6 +258,76 @@ pub async fn data_store_conformance(b: &Backends) {
     let evil = "x'); DROP TABLE kv; --";
     d.upsert(None, evil, evil, b"v").await.unwrap();
     assert_eq!(d.scan(evil).await.unwrap(), vec![(evil.to_string(), b"v".to_vec())]);
+}
+
+/// A group-committed batch checks each item's fence on its own, applies
+/// writes to the same row in arrival order, and one item the database
+/// refuses fails only that item.
+pub async fn batched_upserts_conformance(b: &Backends) {
+    let payload = b"{}";
+    let hash = payload_hash(payload);
+    let t0 = 1_000_000;
+    for key in ["b1", "b2"] {
+        let out = b.claims.claim(&[request(key, &hash, payload, 5)], t0).await.unwrap();
+        assert!(matches!(out[0], ClaimOutcome::Acquired { fence: 1, .. }), "{out:?}");
+    }
+    // b2 is taken over after its lease: fence 2 is current, fence 1 stale.
+    let out = b.claims.claim(&[request("b2", &hash, payload, 5)], t0 + 5_000).await.unwrap();
+    assert!(matches!(out[0], ClaimOutcome::Acquired { fence: 2, .. }), "{out:?}");
+    let claim = |key: &str, fence: i64| ClaimRef {
+        plugin: "p".into(),
+        key: key.into(),
+        fence,
+    };
+    b.data.advance_fence(&claim("b2", 2)).await.unwrap();
+    let item = |c: ClaimRef, key: &str, value: &[u8]| Upsert {
+        claim: c,
+        collection: "batch".into(),
+        key: key.into(),
+        value: value.to_vec(),
+    };
+    let results = b
+        .data
+        .upsert_many(&[
+            item(claim("b1", 1), "x", b"first"),
+            item(claim("b2", 1), "y", b"stale"),
+            item(claim("b2", 2), "y", b"fresh"),
+            item(claim("b1", 1), "x", b"second"),
+            item(claim("b1", 1), "bad\0key", b"a NUL byte Postgres text refuses"),
+        ])
+        .await;
+    assert_eq!(results.len(), 5);
+    assert!(results[0].is_ok() && results[2].is_ok() && results[3].is_ok(), "{results:?}");
+    assert!(matches!(results[1], Err(DataError::FenceLost { .. })), "{results:?}");
+    assert!(matches!(results[4], Err(DataError::Unavailable(_))), "{results:?}");
+    assert_eq!(
+        b.data.get("batch", "x").await.unwrap().as_deref(),
+        Some(&b"second"[..]),
+        "the later write wins"
+    );
+    assert_eq!(
+        b.data.get("batch", "y").await.unwrap().as_deref(),
+        Some(&b"fresh"[..]),
+        "the stale write is refused"
+    );
+
+    // Through the group commit: concurrent upserts, each with its own answer.
+    let writes: Vec<_> = (0..40)
+        .map(|i| {
+            let data = b.data.clone();
+            // Every fourth write presents b2's stale fence.
+            let c = match i % 4 {
+                1 => claim("b2", 1),
+                3 => claim("b2", 2),
+                _ => claim("b1", 1),
+            };
+            tokio::spawn(async move { (i, data.upsert(Some(&c), "batch", &format!("k{i}"), b"v").await) })
+        })
+        .collect();
+    for w in writes {
+        let (i, result) = w.await.unwrap();
+        assert_eq!(result.is_err(), i % 4 == 1, "write {i}: {result:?}");
+    }
 }
 
 pub async fn broker_conformance(b: &Backends) {
@@ -404,6 +487,20 @@ async fn redis_claim_store_with_postgres_data_conforms() {
 async fn postgres_data_store_with_fencing_tokens_conforms() {
     let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
     data_store_conformance(&s.backends).await;
+    s.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_batched_upserts_check_fences_per_item() {
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    batched_upserts_conformance(&s.backends).await;
+    s.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_batched_upserts_with_fencing_tokens_check_fences_per_item() {
+    let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
+    batched_upserts_conformance(&s.backends).await;
     s.cleanup().await;
 }
 

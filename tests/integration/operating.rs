@@ -160,10 +160,32 @@ async fn reload_env(watch: bool) -> (Env, PathBuf, Vec<u8>) {
 async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
     let (env, file, original) = reload_env(true).await;
     let backends = backend::open(&env.config).await.unwrap();
-    backends.broker.publish(&grants_batch(0, 300), Duration::ZERO).await.unwrap();
     let worker = Running::spawn(&env.config, env.dir.path(), "reload", &[]);
     worker.wait_ready().await;
     let v1 = worker.loaded_version("grant-credits").await.unwrap();
+
+    // Messages keep arriving during the whole replacement.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let publisher = {
+        let (backends, stop) = (backends.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut sent = 0;
+            while !stop.is_cancelled() {
+                backends
+                    .broker
+                    .publish(&grants_batch(sent, sent + 20), Duration::ZERO)
+                    .await
+                    .unwrap();
+                sent += 20;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            sent
+        })
+    };
+    wait_until(Duration::from_secs(30), "messages flowing on the first version", || async {
+        backends.claims.counts().await.unwrap().done >= 100
+    })
+    .await;
 
     // A half-written file (as a slow copy leaves it) is refused...
     let v2_bytes = with_custom_section(&original, "v2");
@@ -179,24 +201,32 @@ async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
     .await;
     let v2 = worker.loaded_version("grant-credits").await.unwrap();
     assert_eq!(v2, idem_host::reload::version_of(&v2_bytes));
+    let done_at_swap = backends.claims.counts().await.unwrap().done;
+    wait_until(Duration::from_secs(30), "messages flowing on the new version", || async {
+        backends.claims.counts().await.unwrap().done >= done_at_swap + 200
+    })
+    .await;
+    stop.cancel();
+    let sent = publisher.await.unwrap();
 
-    // Messages published after the swap run the new version.
-    backends.broker.publish(&grants_batch(300, 400), Duration::ZERO).await.unwrap();
-    wait_until(Duration::from_secs(60), "all 400 messages done", || all_done(&backends, 400)).await;
-    check_credits(&backends, 400).await;
+    wait_until(Duration::from_secs(60), "every message done", || all_done(&backends, sent as u64)).await;
+    check_credits(&backends, sent).await;
     let counts = backends.claims.counts().await.unwrap();
-    assert_eq!((counts.done, counts.dead, counts.dead_letters), (400, 0, 0));
+    assert_eq!((counts.done, counts.dead, counts.dead_letters), (sent as u64, 0, 0));
     let versions = claim_versions(&env.config.database.path).await;
-    assert_eq!(versions.len(), 400);
+    assert_eq!(versions.len(), sent);
     for (key, version) in &versions {
         assert!(
             version == &v1 || version == &v2,
             "{key} ran version {version}, neither {v1} nor {v2}"
         );
     }
-    for i in 300..400 {
-        assert_eq!(versions[&format!("g-{i}")], v2, "g-{i} was published after the swap");
-    }
+    let on_v1 = versions.values().filter(|v| **v == v1).count();
+    let on_v2 = versions.values().filter(|v| **v == v2).count();
+    assert!(
+        on_v1 >= 100 && on_v2 >= 100,
+        "both versions served the flow: {on_v1} on v1, {on_v2} on v2"
+    );
 
     // `idem plugin list` asks the running pool.
     let out = Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -551,6 +581,17 @@ fn verify_passes_the_idempotent_examples() {
         let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
         assert_eq!(report["findings"], json!([]), "{plugin}");
         assert!(report["messages"].as_u64().unwrap() >= 2, "{plugin}");
+        // The reference runs themselves worked: each ended ok and wrote.
+        for run in report["runs"].as_array().unwrap() {
+            assert_eq!(run["outcome"], "ok", "{plugin}: {run}");
+            assert!(run["changed"].as_u64().unwrap() >= 1, "{plugin}: {run}");
+        }
+        if plugin != "grant-credits" {
+            assert!(
+                report["runs"].as_array().unwrap().iter().all(|r| r["calls"].as_u64().unwrap() >= 1),
+                "{plugin}: {report}"
+            );
+        }
     }
 }
 

@@ -278,8 +278,9 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Delete dead-letter records; returns how many existed.
     async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError>;
     /// Give a dead claim a fresh start for a replay: state `retry`, no
-    /// attempts or traps counted, due now. The payload hash stays, so a
-    /// different payload under the key is still a conflict. `false` if the
-    /// claim is not dead (done, running, or never claimed).
-    async fn revive(&self, plugin: &str, key: &str, now: i64) -> Result<bool, ClaimError>;
+    /// attempts or traps counted, due now; only if it is dead and was taken
+    /// for this payload (`payload_hash`), so replaying a conflict's dead
+    /// letter never revives the claim of the other message. `false`
+    /// otherwise (done, running, never claimed, or another payload's).
+    async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError>;
 }

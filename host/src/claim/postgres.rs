@@ -73,12 +73,18 @@ fn arrays(claims: &[ClaimRef]) -> (Vec<String>, Vec<String>, Vec<i64>) {
     )
 }
 
+/// Which of `claims` the statement changed: rows are matched on plugin, key
+/// and fence, so a stale fence in the same batch as the current one for the
+/// same key is not mistaken for it.
 fn answered(claims: &[ClaimRef], rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<bool>, ClaimError> {
     let mut hit = std::collections::HashSet::new();
     for r in rows {
-        hit.insert((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?));
+        hit.insert((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?, r.try_get::<i64, _>(2)?));
     }
-    Ok(claims.iter().map(|c| hit.contains(&(c.plugin.clone(), c.key.clone()))).collect())
+    Ok(claims
+        .iter()
+        .map(|c| hit.contains(&(c.plugin.clone(), c.key.clone(), c.fence)))
+        .collect())
 }
 
 #[async_trait]
@@ -409,11 +415,12 @@ impl ClaimStore for PgClaims {
         Ok(removed)
     }
 
-    async fn revive(&self, plugin: &str, key: &str, now: i64) -> Result<bool, ClaimError> {
+    async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError> {
         let r = sqlx::query(include_str!("../../queries/postgres/claim_revive.sql"))
             .bind(plugin)
             .bind(key)
             .bind(now)
+            .bind(payload_hash)
             .execute(&self.pool)
             .await?;
         Ok(r.rows_affected() == 1)

@@ -343,13 +343,14 @@ impl ClaimStore for RedisClaims {
         Ok(removed)
     }
 
-    async fn revive(&self, plugin: &str, key: &str, now: i64) -> Result<bool, ClaimError> {
+    async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError> {
         let mut conn = self.conn.clone();
         let r: i64 = self
             .revive
             .key(self.counts_key())
             .key(self.claim_key(plugin, key))
             .arg(now)
+            .arg(payload_hash)
             .invoke_async(&mut conn)
             .await?;
         Ok(r == 1)

@@ -397,11 +397,12 @@ impl ClaimStore for SqliteClaims {
         Ok(removed)
     }
 
-    async fn revive(&self, plugin: &str, key: &str, now: i64) -> Result<bool, ClaimError> {
+    async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError> {
         let r = sqlx::query(include_str!("../../queries/sqlite/claim_revive.sql"))
             .bind(plugin)
             .bind(key)
             .bind(now)
+            .bind(payload_hash)
             .execute(&self.pool)
             .await?;
         Ok(r.rows_affected() == 1)

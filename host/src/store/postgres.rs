@@ -168,8 +168,15 @@ impl DataStore for PgData {
                     .collect()
             }
             Err(e) => {
-                let message = e.to_string();
-                items.iter().map(|_| Err(DataError::Unavailable(message.clone()))).collect()
+                // One bad item (or a deadlock abort) must not fail the
+                // others: write this batch one item at a time, so each error
+                // lands on its own item only.
+                tracing::debug!(error = %e, items = items.len(), "group commit failed; writing the batch item by item");
+                let mut out = Vec::with_capacity(items.len());
+                for u in items {
+                    out.push(self.upsert(Some(&u.claim), &u.collection, &u.key, &u.value).await);
+                }
+                out
             }
         }
     }
