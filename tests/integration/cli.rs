@@ -133,6 +133,48 @@ fn demo_json_reports_no_double_effect_and_nothing_lost() {
     assert!(out.contains("OK: every message settled once"), "{out}");
 }
 
+/// `idem bench` at a tiny size (throughput numbers are for
+/// docs/BENCHMARKS.md, not tests): both handlers run, every message is
+/// counted, the figures and the JSON report are well formed.
+#[test]
+fn bench_reports_both_handlers_side_by_side() {
+    let dir = plugin_dir();
+    let (ok, out, err) = idem(&[
+        "bench",
+        "--scenario",
+        "a",
+        "--messages",
+        "300",
+        "--runs",
+        "2",
+        "--latency-messages",
+        "50",
+        "--json",
+        "--plugins",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}{err}");
+    let r: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).expect("the last line is JSON");
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "2 runs x (wasm, native), alternating: {r}");
+    let handlers: Vec<&str> = runs.iter().map(|x| x["handler"].as_str().unwrap()).collect();
+    assert_eq!(handlers, ["wasm", "native", "wasm", "native"]);
+    for run in runs {
+        assert_eq!(run["messages"], 300);
+        assert!(run["rate"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["p99_ms"].as_f64().unwrap() >= run["p50_ms"].as_f64().unwrap(), "{run}");
+        assert!(run["p50_ms"].as_f64().unwrap() > 0.0, "the paced phase measured latency: {run}");
+        assert!(run["cpu_s_per_1k"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["peak_rss_mib"].as_f64().unwrap() > 1.0, "{run}");
+    }
+    let summary = r["summary"].as_array().unwrap();
+    let wasm = summary.iter().find(|s| s["handler"] == "wasm").unwrap();
+    let native = summary.iter().find(|s| s["handler"] == "native").unwrap();
+    let ratio = wasm["wasm_over_native"].as_f64().unwrap();
+    assert!((ratio - wasm["rate"].as_f64().unwrap() / native["rate"].as_f64().unwrap()).abs() < 1e-9, "{r}");
+    assert!(out.contains("wasm / native"), "the table is printed: {out}");
+}
+
 /// `idem run` against servers that are not there, or that refuse the
 /// credentials: it fails at start, naming the setting to fix.
 #[test]
