@@ -171,7 +171,10 @@ fn bench_reports_both_handlers_side_by_side() {
     let wasm = summary.iter().find(|s| s["handler"] == "wasm").unwrap();
     let native = summary.iter().find(|s| s["handler"] == "native").unwrap();
     let ratio = wasm["wasm_over_native"].as_f64().unwrap();
-    assert!((ratio - wasm["rate"].as_f64().unwrap() / native["rate"].as_f64().unwrap()).abs() < 1e-9, "{r}");
+    assert!(
+        (ratio - wasm["rate"].as_f64().unwrap() / native["rate"].as_f64().unwrap()).abs() < 1e-9,
+        "{r}"
+    );
     assert!(out.contains("wasm / native"), "the table is printed: {out}");
 }
 
