@@ -352,14 +352,12 @@ async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) ->
     let dir = tempfile::tempdir()?;
     let config = scenario_config(args, scenario, dir.path());
     let (plugin, _, _) = plugin_of(scenario);
-    let result = measure(args, &config, plugin, handler).await;
+    let result = measure(args, &config, scenario, plugin, handler).await;
     crate::chaos::cleanup(&config).await;
-    let mut figures = result?;
-    figures.scenario = scenario;
-    Ok(figures)
+    result
 }
 
-async fn measure(args: &BenchArgs, config: &Config, plugin: &str, handler: &'static str) -> Result<RunFigures> {
+async fn measure(args: &BenchArgs, config: &Config, scenario: Scenario, plugin: &str, handler: &'static str) -> Result<RunFigures> {
     let n = args.messages;
     {
         let backends = crate::backend::open(config).await?;
@@ -413,7 +411,7 @@ async fn measure(args: &BenchArgs, config: &Config, plugin: &str, handler: &'sta
     pool.stop().await?;
     let lat = std::mem::take(&mut *latencies.lock().expect("latency sink poisoned"));
     Ok(RunFigures {
-        scenario: Scenario::A,
+        scenario,
         handler,
         messages: n,
         seconds,

@@ -63,19 +63,37 @@ pub fn prometheus() -> Result<PrometheusHandle> {
 /// Recent handler durations per plugin.
 #[derive(Debug, Default)]
 pub struct Durations {
-    windows: Mutex<HashMap<String, VecDeque<f64>>>,
+    windows: Mutex<HashMap<String, Window>>,
+}
+
+/// One plugin's recent durations and its histogram handle (registered once,
+/// not per message).
+#[derive(Debug)]
+struct Window {
+    histogram: metrics::Histogram,
+    recent: VecDeque<f64>,
 }
 
 impl Durations {
     /// Record one execution's duration, in seconds.
     pub fn record(&self, plugin: &str, seconds: f64) {
-        metrics::histogram!("idem_handler_duration_seconds", "plugin" => plugin.to_string()).record(seconds);
         let mut w = self.windows.lock().expect("duration windows poisoned");
-        let window = w.entry(plugin.to_string()).or_default();
-        if window.len() == WINDOW {
-            window.pop_front();
+        if !w.contains_key(plugin) {
+            let histogram = metrics::histogram!("idem_handler_duration_seconds", "plugin" => plugin.to_string());
+            w.insert(
+                plugin.to_string(),
+                Window {
+                    histogram,
+                    recent: VecDeque::with_capacity(WINDOW),
+                },
+            );
         }
-        window.push_back(seconds);
+        let window = w.get_mut(plugin).expect("inserted above");
+        window.histogram.record(seconds);
+        if window.recent.len() == WINDOW {
+            window.recent.pop_front();
+        }
+        window.recent.push_back(seconds);
     }
 
     /// The p99 of each plugin's recent durations (plugins with enough samples).
@@ -83,8 +101,8 @@ impl Durations {
         let w = self.windows.lock().expect("duration windows poisoned");
         let mut out: Vec<(String, f64)> = w
             .iter()
-            .filter(|(_, v)| v.len() >= MIN_SAMPLES)
-            .map(|(p, v)| (p.clone(), percentile(v.iter().copied().collect(), 0.99)))
+            .filter(|(_, v)| v.recent.len() >= MIN_SAMPLES)
+            .map(|(p, v)| (p.clone(), percentile(v.recent.iter().copied().collect(), 0.99)))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out

@@ -594,11 +594,11 @@ impl Worker {
         let claims: Vec<ClaimRef> = items.iter().map(|s| s.claim.clone()).collect();
         match self.backends.claims.confirm(&claims, now_ms()).await {
             Ok(confirmed) => {
-                let mut acks = Vec::with_capacity(items.len());
+                let mut done = Vec::with_capacity(items.len());
                 for (item, ok) in items.iter().zip(confirmed) {
                     if ok {
                         Counters::inc(&c.done);
-                        acks.push(item.receipt.as_str());
+                        done.push(item);
                     } else {
                         Counters::inc(&c.fence_rejections);
                         let claim = &item.claim;
@@ -606,13 +606,10 @@ impl Worker {
                         self.hand_back(&item.receipt).await;
                     }
                 }
-                let acked: std::collections::HashSet<&str> = acks.iter().copied().collect();
-                self.ack(acks).await;
+                self.ack(done.iter().map(|i| i.receipt.as_str()).collect()).await;
                 if let Some(hook) = &self.options.on_done {
-                    for item in items.iter().filter(|i| acked.contains(i.receipt.as_str())) {
-                        if let Some(e) = &item.envelope {
-                            (hook.0)(e);
-                        }
+                    for e in done.iter().filter_map(|i| i.envelope.as_ref()) {
+                        (hook.0)(e);
                     }
                 }
             }
