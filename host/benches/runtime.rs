@@ -18,11 +18,13 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use idem_host::capabilities::Execution;
 use idem_host::capabilities::{effects::Endpoints, Capabilities, Grants};
 use idem_host::claim::ClaimRef;
 use idem_host::config::Limits;
+use idem_host::envelope::Envelope;
 use idem_host::runtime::native::Noop;
-use idem_host::runtime::{Execution, Outcome, Runtime, RuntimeOptions};
+use idem_host::runtime::{Outcome, Runtime, RuntimeOptions};
 use idem_host::stats::Counters;
 use idem_host::store::{DataError, DataStore, Inserted};
 
@@ -65,11 +67,14 @@ fn plugin_dir() -> PathBuf {
 
 fn execution(payload: Vec<u8>, headers: Vec<(String, String)>) -> Execution {
     Execution {
-        msg_id: "m-1".into(),
+        envelope: Arc::new(Envelope {
+            id: "m-1".into(),
+            handler: "noop".into(),
+            headers,
+            payload,
+        }),
         key: "m-1".into(),
         attempt: 1,
-        headers,
-        payload,
         claim: None,
         interrupt: Arc::new(AtomicBool::new(false)),
     }
@@ -92,7 +97,7 @@ fn runtime_benches(c: &mut Criterion) {
             claims: Arc::new(idem_host::claim::sqlite::SqliteClaims::new(claims_pool)),
             effects: Endpoints::new(Default::default()).unwrap(),
             counters: Arc::new(Counters::default()),
-            crash_injector: None,
+            hooks: Default::default(),
         });
         let grants = Grants::new(["bench"], Vec::<&str>::new());
         let wasm = runtime

@@ -8,8 +8,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, Backends};
-use crate::capabilities::{effects::Endpoints, Capabilities, CrashInjector, Grants};
+use crate::capabilities::{effects::Endpoints, Capabilities, Grants};
 use crate::config::Config;
+use crate::hooks::Hooks;
 use crate::runtime::native::NativeHandler;
 use crate::runtime::{Runtime, RuntimeOptions};
 use crate::stats::Counters;
@@ -67,13 +68,13 @@ pub async fn load_plugins(config: &Config, runtime: &Arc<Runtime>) -> Result<()>
 
 impl Pool {
     /// Open the backends, load the plugins and start consuming.
-    pub async fn start(config: &Config, crash_injector: Option<CrashInjector>) -> Result<Pool> {
-        Self::start_with(config, WorkerOptions::from_config(config), crash_injector).await
+    pub async fn start(config: &Config) -> Result<Pool> {
+        Self::start_with(config, WorkerOptions::from_config(config), Hooks::default()).await
     }
 
-    /// [`Pool::start`] with explicit worker options.
-    pub async fn start_with(config: &Config, options: WorkerOptions, crash_injector: Option<CrashInjector>) -> Result<Pool> {
-        Self::start_native(config, options, crash_injector, Vec::new()).await
+    /// [`Pool::start`] with explicit worker options and the tools' hooks.
+    pub async fn start_with(config: &Config, options: WorkerOptions, hooks: Hooks) -> Result<Pool> {
+        Self::start_native(config, options, hooks, Vec::new()).await
     }
 
     /// [`Pool::start_with`], with some plugins served by native handlers
@@ -82,7 +83,7 @@ impl Pool {
     pub async fn start_native(
         config: &Config,
         options: WorkerOptions,
-        crash_injector: Option<CrashInjector>,
+        hooks: Hooks,
         natives: Vec<(String, Arc<dyn NativeHandler>)>,
     ) -> Result<Pool> {
         let backends = backend::open(config).await?;
@@ -103,7 +104,7 @@ impl Pool {
             claims: backends.claims.clone(),
             effects: Endpoints::new(config.endpoints.clone()).context("effects")?,
             counters: counters.clone(),
-            crash_injector,
+            hooks,
         });
         let worker = Worker::new(backends.clone(), runtime.clone(), caps, options);
         let shutdown = CancellationToken::new();
@@ -148,7 +149,7 @@ pub struct Stats {
 /// Read the counts from the backends.
 pub async fn stats(backends: &Backends) -> Result<Stats> {
     let pending = backends.broker.pending().await?;
-    let c = backends.claims.counts().await?;
+    let c = backends.admin.counts().await?;
     Ok(Stats {
         pending,
         in_flight: c.running,

@@ -9,7 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::broker::Broker;
-use crate::claim::ClaimStore;
+use crate::claim::{ClaimAdmin, ClaimStore};
 use crate::config::{BrokerKind, Config, StoreKind};
 use crate::store::DataStore;
 
@@ -18,8 +18,11 @@ use crate::store::DataStore;
 pub struct Backends {
     /// Where deliveries come from.
     pub broker: Arc<dyn Broker>,
-    /// Claims, journal, dead letters.
+    /// Claims, journal, dead letters: what a worker does to them.
     pub claims: Arc<dyn ClaimStore>,
+    /// The same store as operators and tools see it (counts, dead-letter
+    /// list and replay, readiness).
+    pub admin: Arc<dyn ClaimAdmin>,
     /// Plugin data.
     pub data: Arc<dyn DataStore>,
 }
@@ -44,17 +47,40 @@ pub async fn open_sqlite(config: &Config) -> Result<SqlitePool> {
                 path.display()
             )
         })?;
-    sqlx::migrate!("./migrations/sqlite")
-        .run(&pool)
+    // Processes that open a new database at once (a pool starting while
+    // `idem publish` runs) would each try to create the tables: serialise
+    // the migrations on an exclusive lock of a file beside the database.
+    // (Not the database file itself: closing another descriptor of it would
+    // drop SQLite's own locks.)
+    let lock_path = migration_lock_path(path);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot create the migration lock file {}", lock_path.display()))?;
+    let lock = tokio::task::spawn_blocking(move || lock.lock().map(|()| lock))
         .await
-        .with_context(|| format!("cannot migrate the SQLite database {}", path.display()))?;
+        .context("the migration lock task panicked")?
+        .with_context(|| format!("cannot lock {}", lock_path.display()))?;
+    let migrated = sqlx::migrate!("./migrations/sqlite").run(&pool).await;
+    drop(lock);
+    migrated.with_context(|| format!("cannot migrate the SQLite database {}", path.display()))?;
     Ok(pool)
+}
+
+/// The file whose lock serialises migrations of the SQLite database at
+/// `db`: `db` with `-migrate.lock` appended.
+pub fn migration_lock_path(db: &std::path::Path) -> std::path::PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-migrate.lock");
+    std::path::PathBuf::from(name)
 }
 
 /// Connect to Postgres, create the namespace's schema if needed, and apply
 /// the migrations inside it. `setting` names the config section for errors.
 pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, setting: &str) -> Result<PgPool> {
-    let shown = crate::config::redact(url);
+    let shown = crate::text::redact_url(url);
     let base = PgConnectOptions::from_str(url)
         .with_context(|| format!("{setting}.url {shown:?} is not a valid Postgres URL (postgres://user:password@host:port/database)"))?;
     let hint = || {
@@ -89,11 +115,11 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
         .with_context(hint)?;
     let mut lock = pool.acquire().await.with_context(hint)?;
     // Serialise migrations of concurrent starters on one advisory lock.
-    sqlx::query("SELECT pg_advisory_lock(hashtext(current_schema()))")
+    sqlx::query(include_str!("../queries/postgres/migrate_lock.sql"))
         .execute(&mut *lock)
         .await?;
     let migrated = sqlx::migrate!("./migrations/postgres").run(&mut *lock).await;
-    sqlx::query("SELECT pg_advisory_unlock(hashtext(current_schema()))")
+    sqlx::query(include_str!("../queries/postgres/migrate_unlock.sql"))
         .execute(&mut *lock)
         .await?;
     migrated.with_context(|| format!("cannot migrate schema {namespace:?} in {setting}.url"))?;
@@ -121,10 +147,14 @@ pub async fn open(config: &Config) -> Result<Backends> {
         BrokerKind::Rabbitmq => Arc::new(crate::broker::amqp::AmqpBroker::connect(config.broker.url()?, ns).await?),
         BrokerKind::Nats => Arc::new(crate::broker::nats::NatsBroker::connect(config.broker.url()?, ns, config.worker.visibility()).await?),
     };
-    let claims: Arc<dyn ClaimStore> = match config.claims.kind {
-        StoreKind::Sqlite => Arc::new(crate::claim::sqlite::SqliteClaims::new(sqlite_pool())),
-        StoreKind::Postgres => Arc::new(crate::claim::postgres::PgClaims::new(claims_pg.clone().expect("opened above"))),
-        StoreKind::Redis => Arc::new(crate::claim::redis::RedisClaims::connect(config.claims.url("claims")?, ns).await?),
+    fn both<T: ClaimStore + ClaimAdmin>(store: T) -> (Arc<dyn ClaimStore>, Arc<dyn ClaimAdmin>) {
+        let store = Arc::new(store);
+        (store.clone(), store)
+    }
+    let (claims, admin) = match config.claims.kind {
+        StoreKind::Sqlite => both(crate::claim::sqlite::SqliteClaims::new(sqlite_pool())),
+        StoreKind::Postgres => both(crate::claim::postgres::PgClaims::new(claims_pg.clone().expect("opened above"))),
+        StoreKind::Redis => both(crate::claim::redis::RedisClaims::connect(config.claims.url("claims")?, ns).await?),
     };
     let data: Arc<dyn DataStore> = match config.data.kind {
         StoreKind::Sqlite => Arc::new(crate::store::sqlite::SqliteData::new(sqlite_pool())),
@@ -153,5 +183,10 @@ pub async fn open(config: &Config) -> Result<Backends> {
     } else {
         data
     };
-    Ok(Backends { broker, claims, data })
+    Ok(Backends {
+        broker,
+        claims,
+        admin,
+        data,
+    })
 }

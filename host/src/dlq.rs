@@ -39,12 +39,12 @@ impl Selection {
         }
         let mut letters = Vec::new();
         if self.all {
-            letters = backends.claims.dead_letters(i64::MAX).await?;
+            letters = backends.admin.dead_letters(i64::MAX).await?;
             letters.reverse(); // oldest first
         } else {
             let mut missing = Vec::new();
             for id in &self.ids {
-                match backends.claims.dead_letter_get(*id).await? {
+                match backends.admin.dead_letter_get(*id).await? {
                     Some(d) => letters.push(d),
                     None => missing.push(id.to_string()),
                 }
@@ -82,7 +82,7 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
     let mut out = Vec::with_capacity(letters.len());
     for d in letters {
         let claim_revived = backends
-            .claims
+            .admin
             .revive(&d.plugin, &d.key, &crate::envelope::payload_hash(&d.payload), now_ms())
             .await
             .with_context(|| format!("dead letter {}: cannot reset its claim", d.id))?;
@@ -97,7 +97,7 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
             .publish(std::slice::from_ref(&envelope), Duration::ZERO)
             .await
             .with_context(|| format!("dead letter {}: cannot republish message {}", d.id, d.msg_id))?;
-        backends.claims.dead_letter_remove(&[d.id]).await?;
+        backends.admin.dead_letter_remove(&[d.id]).await?;
         out.push(Replayed {
             id: d.id,
             plugin: d.plugin,
@@ -113,5 +113,5 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
 /// claims stay dead: a redelivery of the message is still acked unrun.
 pub async fn purge(backends: &Backends, selection: &Selection) -> Result<u64> {
     let ids: Vec<i64> = selection.resolve(backends).await?.iter().map(|d| d.id).collect();
-    Ok(backends.claims.dead_letter_remove(&ids).await?)
+    Ok(backends.admin.dead_letter_remove(&ids).await?)
 }

@@ -10,21 +10,23 @@
 
 pub mod app;
 pub mod backend;
-pub mod bench;
+pub mod bindings;
 pub mod broker;
 pub mod capabilities;
-pub mod chaos;
 pub mod claim;
 pub mod config;
-pub mod demo;
 pub mod dlq;
 pub mod envelope;
+pub mod hooks;
+pub mod message_file;
 pub mod observe;
+pub mod plugin;
 pub mod reload;
 pub mod runtime;
 pub mod stats;
 pub mod store;
-pub mod verify;
+pub mod text;
+pub mod tools;
 pub mod worker;
 
 /// Milliseconds since the Unix epoch: the time unit of every stored

@@ -11,7 +11,8 @@ use idem_host::capabilities::Grants;
 use idem_host::config::Config;
 use idem_host::envelope::Envelope;
 use idem_host::reload::Reloader;
-use idem_host::{app, demo, observe};
+use idem_host::tools::{bench, chaos, demo, kit, verify};
+use idem_host::{app, observe};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
@@ -59,14 +60,17 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run an example deployment (several worker processes) under injected
     /// faults and check that nothing was lost or doubled.
-    Chaos(idem_host::chaos::ChaosArgs),
+    Chaos(chaos::ChaosArgs),
+    /// Serve mock payment, inventory and email APIs that honour
+    /// Idempotency-Key and count every effect (for the example configs).
+    MockApi(kit::mock_api::MockApiArgs),
     /// Check that a plugin is idempotent: run each message of a file twice
     /// in a row and twice at once on scratch stores and compare the effects.
-    Verify(idem_host::verify::VerifyArgs),
+    Verify(verify::VerifyArgs),
     /// Throughput, latency, CPU and memory of the pipeline: embedded SQLite,
     /// Redis, RabbitMQ and NATS deployments, each component against its
     /// native twin.
-    Bench(idem_host::bench::BenchArgs),
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -105,7 +109,8 @@ impl ConfigArg {
 struct PublishArgs {
     #[command(flatten)]
     config: ConfigArg,
-    /// Plugin that handles the message.
+    /// Plugin that handles the message (with --file: of every line that
+    /// names none).
     #[arg(long, required_unless_present = "file")]
     handler: Option<String>,
     /// Message id (a random one if omitted; publishing an id twice is a
@@ -118,8 +123,10 @@ struct PublishArgs {
     /// A header, `name=value`; repeatable.
     #[arg(long = "header", value_parser = parse_header)]
     headers: Vec<(String, String)>,
-    /// Publish every line of this JSON Lines file: {"id", "handler", "payload", "headers"}.
-    #[arg(long, conflicts_with_all = ["handler", "payload", "id"])]
+    /// Publish every line of this message file (JSON Lines:
+    /// {"payload", "id"?, "handler"?, "headers"?: [["name", "value"]]}, the
+    /// format `idem verify --input` reads).
+    #[arg(long, conflicts_with_all = ["payload", "id"])]
     file: Option<PathBuf>,
 }
 
@@ -270,7 +277,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Dlq(DlqCommand::List { config, limit, json }) => {
             let config = config.load()?;
             let backends = idem_host::backend::open(&config).await?;
-            let letters = backends.claims.dead_letters(limit).await?;
+            let letters = backends.admin.dead_letters(limit).await?;
             if json {
                 println!("{}", serde_json::to_string(&letters)?);
             } else {
@@ -286,7 +293,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Dlq(DlqCommand::Show { config, id, json }) => {
             let config = config.load()?;
             let backends = idem_host::backend::open(&config).await?;
-            let Some(d) = backends.claims.dead_letter_get(id).await? else {
+            let Some(d) = backends.admin.dead_letter_get(id).await? else {
                 bail!("no dead letter with id {id}; `idem dlq list` shows the ids");
             };
             if json {
@@ -335,10 +342,11 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             eprintln!("{n} dead letter(s) deleted");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify(args) => idem_host::verify::main(args).await,
-        Command::Bench(args) => idem_host::bench::main(args).await,
+        Command::Verify(args) => verify::main(args).await,
+        Command::Bench(args) => bench::main(args).await,
         Command::Demo(args) => demo::main(args).await,
-        Command::Chaos(args) => idem_host::chaos::main(args).await,
+        Command::Chaos(args) => chaos::main(args).await,
+        Command::MockApi(args) => kit::mock_api::main(args).await,
     }
 }
 
@@ -349,7 +357,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
     let listen = listen.or_else(|| config.http.listen.clone());
     // Install the recorder first, so the pool's first durations are kept.
     let metrics = listen.as_ref().map(|_| observe::prometheus()).transpose()?;
-    let pool = app::Pool::start(&config, None).await?;
+    let pool = app::Pool::start(&config).await?;
     let aux = CancellationToken::new();
     if let (Some(addr), Some(metrics)) = (listen, metrics) {
         let state = observe::HttpState {
@@ -444,7 +452,7 @@ async fn publish(p: PublishArgs) -> Result<()> {
     let config = p.config.load()?;
     let backends = idem_host::backend::open(&config).await?;
     let envelopes = match &p.file {
-        Some(file) => read_jsonl(file)?,
+        Some(file) => idem_host::message_file::read(file, p.handler.as_deref())?,
         None => vec![Envelope {
             id: p.id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             handler: p.handler.expect("clap requires --handler"),
@@ -455,23 +463,6 @@ async fn publish(p: PublishArgs) -> Result<()> {
     backends.broker.publish(&envelopes, Duration::ZERO).await?;
     eprintln!("published {} message(s)", envelopes.len());
     Ok(())
-}
-
-fn read_jsonl(file: &Path) -> Result<Vec<Envelope>> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| {
-                format!(
-                    "{}:{}: not a message; expected {{\"id\": ..., \"handler\": ..., \"payload\": ...}}",
-                    file.display(),
-                    i + 1
-                )
-            })
-        })
-        .collect()
 }
 
 async fn plugin_check(file: &Path) -> Result<ExitCode> {

@@ -11,8 +11,8 @@
 //! | `/readyz`  | 200 when the broker, claim store and data store answer, else 503 |
 //! | `/plugins` | JSON: each loaded plugin, its version (content hash), when loaded |
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -40,12 +40,6 @@ const DURATION_BUCKETS: &[f64] = &[
 /// visibility timeout) raises the lease-risk warning.
 pub const LEASE_RISK_FRACTION: f64 = 0.8;
 
-/// Samples needed before a p99 is trusted.
-const MIN_SAMPLES: usize = 20;
-
-/// Durations kept per plugin for the p99.
-const WINDOW: usize = 1024;
-
 /// The process's Prometheus recorder (installed once; later calls reuse it).
 pub fn prometheus() -> Result<PrometheusHandle> {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -58,65 +52,6 @@ pub fn prometheus() -> Result<PrometheusHandle> {
         .install_recorder()
         .context("cannot install the metrics recorder")?;
     Ok(HANDLE.get_or_init(|| handle).clone())
-}
-
-/// Recent handler durations per plugin.
-#[derive(Debug, Default)]
-pub struct Durations {
-    windows: Mutex<HashMap<String, Window>>,
-}
-
-/// One plugin's recent durations and its histogram handle (registered once,
-/// not per message).
-#[derive(Debug)]
-struct Window {
-    histogram: metrics::Histogram,
-    recent: VecDeque<f64>,
-}
-
-impl Durations {
-    /// Record one execution's duration, in seconds.
-    pub fn record(&self, plugin: &str, seconds: f64) {
-        let mut w = self.windows.lock().expect("duration windows poisoned");
-        if !w.contains_key(plugin) {
-            let histogram = metrics::histogram!("idem_handler_duration_seconds", "plugin" => plugin.to_string());
-            w.insert(
-                plugin.to_string(),
-                Window {
-                    histogram,
-                    recent: VecDeque::with_capacity(WINDOW),
-                },
-            );
-        }
-        let window = w.get_mut(plugin).expect("inserted above");
-        window.histogram.record(seconds);
-        if window.recent.len() == WINDOW {
-            window.recent.pop_front();
-        }
-        window.recent.push_back(seconds);
-    }
-
-    /// The p99 of each plugin's recent durations (plugins with enough samples).
-    pub fn p99s(&self) -> Vec<(String, f64)> {
-        let w = self.windows.lock().expect("duration windows poisoned");
-        let mut out: Vec<(String, f64)> = w
-            .iter()
-            .filter(|(_, v)| v.recent.len() >= MIN_SAMPLES)
-            .map(|(p, v)| (p.clone(), percentile(v.recent.iter().copied().collect(), 0.99)))
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-}
-
-/// The `q` quantile (nearest rank) of `values`.
-pub fn percentile(mut values: Vec<f64>, q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
 }
 
 /// Is a p99 within [`LEASE_RISK_FRACTION`] of the shorter of lease and
@@ -217,7 +152,7 @@ async fn metrics_page(State(s): State<HttpState>) -> Response {
                 .set(p.loaded_at as f64 / 1000.0);
         }
     }
-    match tokio::time::timeout(Duration::from_secs(2), s.backends.claims.counts()).await {
+    match tokio::time::timeout(Duration::from_secs(2), s.backends.admin.counts()).await {
         Ok(Ok(c)) => metrics::gauge!("idem_dead_letters").set(c.dead_letters as f64),
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics: cannot count dead letters"),
         Err(_) => tracing::warn!("metrics: counting dead letters took over 2 s"),
@@ -274,7 +209,7 @@ async fn ready(State(s): State<HttpState>) -> Response {
     }
     let (broker, claims, data) = tokio::join!(
         tokio::time::timeout(LIMIT, s.backends.broker.pending()),
-        tokio::time::timeout(LIMIT, s.backends.claims.state("idem-readyz", "idem-readyz")),
+        tokio::time::timeout(LIMIT, s.backends.admin.ping()),
         tokio::time::timeout(LIMIT, s.backends.data.get("idem-readyz", "idem-readyz")),
     );
     let r = Readiness {
@@ -308,30 +243,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn p99_is_the_nearest_rank() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(v.clone(), 0.99), 99.0);
-        assert_eq!(percentile(v, 0.5), 50.0);
-        assert_eq!(percentile(vec![3.0], 0.99), 3.0);
-    }
-
-    #[test]
     fn lease_risk_starts_at_80_percent_of_the_shorter_bound() {
         let ms = Duration::from_millis;
         assert!(!lease_at_risk(ms(790), ms(1_000), ms(5_000)));
         assert!(lease_at_risk(ms(800), ms(1_000), ms(5_000)));
         assert!(lease_at_risk(ms(400), ms(30_000), ms(500)));
-    }
-
-    #[test]
-    fn only_plugins_with_enough_samples_report_a_p99() {
-        let d = Durations::default();
-        for i in 0..MIN_SAMPLES {
-            d.record("a", i as f64);
-        }
-        d.record("b", 1.0);
-        let p = d.p99s();
-        assert_eq!(p.len(), 1);
-        assert_eq!(p[0].0, "a");
     }
 }

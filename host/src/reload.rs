@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use notify::{RecursiveMode, Watcher};
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +39,11 @@ pub struct ReloadReport {
     pub swapped: Vec<(String, Option<String>, String)>,
     /// Plugins whose new component was refused: (name, why).
     pub refused: Vec<(String, String)>,
+    /// The configuration file was re-read but refused (it does not parse
+    /// or is not valid): why. Nothing was reloaded then.
+    pub config_refused: Option<String>,
+    /// Global `[limits]` that changed: (setting, old, new), as logged.
+    pub limits_changed: Vec<(String, String, String)>,
 }
 
 /// Reloads the plugins of one pool.
@@ -82,13 +86,20 @@ impl Reloader {
     }
 
     /// Re-read the configuration file (SIGHUP): new plugin sections are
-    /// loaded, changed grants and limits take effect. Other settings need a
-    /// restart. A file that does not parse is refused; nothing changes.
+    /// loaded, changed grants and limits take effect (a change of the
+    /// global `[limits]` is logged, setting by setting). Other settings need
+    /// a restart. A file that does not parse is refused and nothing is
+    /// reloaded: the running plugins keep serving as they are.
     pub async fn reload_config(&self) -> ReloadReport {
+        let mut limits_changed = Vec::new();
         if let Some(path) = &self.config_path {
             match Config::load(path) {
                 Ok(mut fresh) => {
                     let mut config = self.config.lock().expect("config poisoned");
+                    limits_changed = changed_settings(&config.limits, &fresh.limits);
+                    for (setting, old, new) in &limits_changed {
+                        tracing::info!(setting = %format!("limits.{setting}"), %old, %new, "limit default changed: plugins without their own value run with the new one");
+                    }
                     for (name, old) in &config.plugins {
                         match fresh.plugins.get_mut(name) {
                             None => {
@@ -107,11 +118,19 @@ impl Reloader {
                     *config = fresh;
                 }
                 Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), file = %path.display(), "configuration not reloaded; the running plugins keep serving");
+                    let why = format!("{e:#}");
+                    tracing::error!(error = %why, file = %path.display(), "configuration not reloaded; the running plugins keep serving");
+                    return ReloadReport {
+                        config_refused: Some(why),
+                        ..ReloadReport::default()
+                    };
                 }
             }
         }
-        self.reload(true).await
+        ReloadReport {
+            limits_changed,
+            ..self.reload(true).await
+        }
     }
 
     /// Recompile every plugin whose file changed (or, with `force_settings`,
@@ -132,7 +151,7 @@ impl Reloader {
                     continue;
                 }
             };
-            let version = version_of(&bytes);
+            let version = crate::plugin::version_of(&bytes);
             let current = self.runtime.plugin(&name);
             if !force_settings && current.as_ref().is_some_and(|c| c.version == version) {
                 continue;
@@ -205,6 +224,24 @@ impl Reloader {
     }
 }
 
+/// The fields of two values (as TOML tables) that differ: (name, old, new).
+fn changed_settings<T: serde::Serialize>(old: &T, new: &T) -> Vec<(String, String, String)> {
+    let table = |v: &T| match toml::Value::try_from(v) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    let (old, new) = (table(old), table(new));
+    let show = |v: Option<&toml::Value>| v.map(ToString::to_string).unwrap_or_else(|| "unset".into());
+    let mut names: Vec<&String> = old.keys().chain(new.keys()).collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|k| old.get(*k) != new.get(*k))
+        .map(|k| (k.clone(), show(old.get(k)), show(new.get(k))))
+        .collect()
+}
+
 fn refuse(report: &mut ReloadReport, name: &str, runtime: &Runtime, why: String) {
     let serving = runtime.plugin(name).map(|p| p.version.clone());
     tracing::error!(
@@ -217,7 +254,24 @@ fn refuse(report: &mut ReloadReport, name: &str, runtime: &Runtime, why: String)
     report.refused.push((name.to_string(), why));
 }
 
-/// A component's version: the first 12 hex digits of its SHA-256.
-pub fn version_of(bytes: &[u8]) -> String {
-    hex::encode(&Sha256::digest(bytes)[..6])
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Limits;
+
+    #[test]
+    fn changed_settings_lists_each_difference_by_name() {
+        let old = Limits::default();
+        let new = Limits {
+            cpu_ms: old.cpu_ms + 1,
+            max_log_lines: old.max_log_lines + 2,
+            ..old.clone()
+        };
+        let changed = changed_settings(&old, &new);
+        let names: Vec<&str> = changed.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(names, vec!["cpu_ms", "max_log_lines"]);
+        assert_eq!(changed[0].1, old.cpu_ms.to_string());
+        assert_eq!(changed[0].2, (old.cpu_ms + 1).to_string());
+        assert!(changed_settings(&old, &old.clone()).is_empty());
+    }
 }

@@ -16,7 +16,7 @@ async fn dead_letter_reason(env: &Env, e: Envelope) -> String {
         .await
         .unwrap();
     drain(&pool).await;
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     pool.stop().await.unwrap();
     let d = letters
         .iter()
@@ -51,7 +51,7 @@ async fn invalid_utf8_payload_is_dead_lettered() {
     let pool = env.start().await;
     pool.backends.broker.publish(&[e], Duration::ZERO).await.unwrap();
     drain(&pool).await;
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1);
     assert!(letters[0].reason.contains("not valid JSON"), "{}", letters[0].reason);
     pool.stop().await.unwrap();
@@ -106,7 +106,7 @@ async fn key_reused_with_a_different_payload_is_a_conflict() {
     let c = pool.counters.snapshot();
     assert_eq!(c.conflicts, 1, "{c:?}");
     assert_eq!(c.executions, 1, "{c:?}");
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1);
     assert!(letters[0].reason.starts_with("conflict:"), "{}", letters[0].reason);
     assert!(String::from_utf8_lossy(&letters[0].payload).contains("999"));
@@ -154,7 +154,7 @@ async fn malformed_envelopes_from_the_broker_are_dead_lettered() {
         .await
         .unwrap();
     drain(&pool).await;
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 2, "{letters:?}");
     assert!(letters.iter().all(|d| d.reason.starts_with("malformed envelope")), "{letters:?}");
     assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 1);

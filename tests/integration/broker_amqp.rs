@@ -1,240 +1,26 @@
-//! Conformance of the RabbitMQ broker against the real server
-//! (`IDEM_TEST_AMQP_URL`), and what only AMQP can show: redelivery when a
-//! connection closes, TTL delay queues, single and `multiple` acks, foreign
-//! messages, a consumer that is cancelled under it. Each test declares its
-//! own queues (a unique namespace) and deletes them afterwards, also on
+//! What only AMQP can show, against the real RabbitMQ server
+//! (`IDEM_TEST_AMQP_URL`): single and `multiple` acks, foreign messages, a
+//! consumer that is cancelled under it, the worker pool end to end. What
+//! every broker does (including redelivery when a connection closes and the
+//! TTL delay queues) is checked by `broker_conformance`. Each test declares
+//! its own queues (a unique namespace) and deletes them afterwards, also on
 //! failure.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::FutureExt;
-use idem_host::backend::Backends;
 use idem_host::broker::amqp::AmqpBroker;
 use idem_host::broker::Broker;
-use idem_host::config::{BrokerKind, Config};
-use idem_host::envelope::{Delivery, Envelope};
-use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions, QueueDeleteOptions};
+use idem_host::config::BrokerKind;
+use idem_host::envelope::Envelope;
+use lapin::options::{BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
+use lapin::BasicProperties;
 
-use crate::common::{services, unique_namespace, wait_until};
+use crate::common::brokers::{self, envelope, fetch_n, fetch_until, ids, in_amqp_namespace, receipts};
+use crate::common::{services, wait_until};
 
-/// The delay buckets the broker declares (see `broker::amqp`).
-const DELAY_BUCKETS_MS: [u64; 7] = [50, 250, 1_000, 5_000, 30_000, 120_000, 600_000];
-
-async fn connect(namespace: &str) -> AmqpBroker {
-    AmqpBroker::connect(&services::amqp(), namespace)
-        .await
-        .unwrap_or_else(|e| panic!("RabbitMQ at IDEM_TEST_AMQP_URL ({}): {e:#}", services::amqp()))
-}
-
-/// A plain AMQP connection, as another producer or an operator has.
-async fn raw() -> Connection {
-    Connection::connect(&services::amqp(), ConnectionProperties::default())
-        .await
-        .expect("RabbitMQ for the test's own connection")
-}
-
-/// Delete a namespace's queues and exchange.
-pub async fn delete_namespace(namespace: &str) -> lapin::Result<()> {
-    let conn = raw().await;
-    let ch = conn.create_channel().await?;
-    let mut queues = vec![format!("{namespace}.queue"), format!("{namespace}.dead")];
-    queues.extend(DELAY_BUCKETS_MS.iter().map(|ms| format!("{namespace}.delay.{ms}")));
-    for q in queues {
-        ch.queue_delete(q.into(), QueueDeleteOptions::default()).await?;
-    }
-    ch.exchange_delete(format!("{namespace}.dead").into(), ExchangeDeleteOptions::default())
-        .await?;
-    conn.close(200, "OK".into()).await
-}
-
-/// Run `body` with a fresh namespace; its queues and exchange are deleted
-/// afterwards, whether the body passed or panicked.
-async fn in_namespace<F, Fut>(body: F)
-where
-    F: FnOnce(String) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let namespace = unique_namespace("amqp");
-    let outcome = std::panic::AssertUnwindSafe(body(namespace.clone())).catch_unwind().await;
-    let deleted = delete_namespace(&namespace).await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
-    deleted.unwrap_or_else(|e| panic!("deleting the queues of namespace {namespace}: {e}"));
-}
-
-/// Backends whose broker is RabbitMQ; claims and data are SQLite in a tempdir.
-async fn backends(broker: AmqpBroker) -> (tempfile::TempDir, Backends) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::default();
-    config.database.path = dir.path().join("amqp.db");
-    let mut b = idem_host::backend::open(&config).await.unwrap();
-    b.broker = Arc::new(broker);
-    (dir, b)
-}
-
-fn envelope(id: &str) -> Envelope {
-    Envelope {
-        id: id.into(),
-        handler: "h".into(),
-        headers: vec![("k".into(), "v".into())],
-        payload: id.as_bytes().to_vec(),
-    }
-}
-
-fn ids(deliveries: &[Delivery]) -> Vec<&str> {
-    deliveries.iter().map(|d| d.envelope.id.as_str()).collect()
-}
-
-/// Fetch until `n` deliveries came, or panic after 5 s: the server pushes
-/// deliveries asynchronously, so one fetch right after a publish may see
-/// only some of them.
-async fn fetch_n(broker: &dyn Broker, n: usize, what: &str) -> Vec<Delivery> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut got = Vec::new();
-    while got.len() < n {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what} (got {:?})", ids(&got));
-        got.extend(broker.fetch(n - got.len(), Duration::from_secs(60)).await.unwrap());
-    }
-    got
-}
-
-/// Fetch until something comes, or panic after 5 s.
-async fn fetch_some(broker: &dyn Broker, what: &str) -> Vec<Delivery> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let got = broker.fetch(10, Duration::from_secs(60)).await.unwrap();
-        if !got.is_empty() {
-            return got;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-    }
-}
-
-/// `crate::conformance::broker_conformance`, adapted where RabbitMQ
-/// differs by nature: it has no visibility timeout. A delivery stays with
-/// the connection that received it until it is acked or that connection
-/// closes, so "not acked within the visibility timeout: delivered again"
-/// becomes "still held after its visibility ran out; delivered again to
-/// another consumer once its connection closes", tested last because it
-/// closes the broker. Every other check is the shared suite's; `pending`
-/// counts c, which this broker still holds at that point.
-async fn amqp_broker_conformance(b: Backends, namespace: &str) {
-    let broker = b.broker.clone();
-    let e = envelope;
-    broker.publish(&[e("a"), e("b"), e("c")], Duration::ZERO).await.unwrap();
-    broker.publish(&[e("later")], Duration::from_secs(3600)).await.unwrap();
-    assert_eq!(broker.pending().await.unwrap(), 4);
-
-    let got = fetch_n(&*broker, 2, "a and b").await;
-    assert_eq!(ids(&got), vec!["a", "b"]);
-    assert_eq!(got[0].envelope, e("a"), "payload, handler and headers round-trip");
-    assert_eq!(got[0].delivery_count, 1);
-    let rest = fetch_some(&*broker, "c").await;
-    assert_eq!(ids(&rest), vec!["c"], "in-flight and delayed messages are invisible");
-
-    // No visibility timeout: c, fetched "for 200 ms", is still held.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        broker.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty(),
-        "held until acked or the connection closes"
-    );
-
-    // Nack with a delay, extend, ack.
-    broker.nack(&got[0].receipt, Duration::ZERO).await.unwrap();
-    let a = fetch_some(&*broker, "a after its nack").await;
-    assert_eq!(a.len(), 1);
-    assert_eq!(a[0].envelope.id, "a");
-    assert_eq!(a[0].delivery_count, 2, "requeued: redelivered");
-    broker.nack(&got[0].receipt, Duration::ZERO).await.unwrap(); // stale receipt: no effect
-    assert!(broker.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty());
-    broker
-        .extend(&[&a[0].receipt, &got[1].receipt], Duration::from_secs(60))
-        .await
-        .unwrap();
-    broker.ack(&[&a[0].receipt, &got[1].receipt]).await.unwrap();
-    assert_eq!(broker.pending().await.unwrap(), 2, "c (held) and the delayed message are left");
-
-    // Redelivery: another consumer does not get c while this connection
-    // holds it, and gets it once the connection closes.
-    let other = connect(namespace).await;
-    assert!(other.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty());
-    drop(broker);
-    drop(b);
-    let again = fetch_some(&other, "c to be redelivered to the other consumer").await;
-    assert_eq!(ids(&again), vec!["c"]);
-    assert_eq!(again[0].delivery_count, 2);
-    other.ack(&[&again[0].receipt]).await.unwrap();
-    assert_eq!(other.pending().await.unwrap(), 1, "only the delayed message is left");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn amqp_broker_conforms() {
-    in_namespace(|ns| async move {
-        let (_dir, b) = backends(connect(&ns).await).await;
-        amqp_broker_conformance(b, &ns).await;
-    })
-    .await;
-}
-
-/// A delayed publish waits in a TTL queue, then arrives intact (RabbitMQ's
-/// dead-letter headers do not leak into the envelope); a delayed nack
-/// moves the message there and counts one more delivery each time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn amqp_delayed_publish_and_nack() {
-    in_namespace(|ns| async move {
-        let broker = connect(&ns).await;
-        let e = Envelope {
-            payload: (0..=255u8).collect(),
-            ..envelope("delayed")
-        };
-        let published = Instant::now();
-        broker.publish(std::slice::from_ref(&e), Duration::from_millis(200)).await.unwrap();
-        assert!(broker.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty(), "not due yet");
-        assert_eq!(broker.pending().await.unwrap(), 1, "a delayed message is pending");
-
-        let got = fetch_some(&broker, "the delayed message").await;
-        assert!(
-            published.elapsed() >= Duration::from_millis(200),
-            "delivered after {:?}",
-            published.elapsed()
-        );
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].envelope, e);
-        assert_eq!(got[0].delivery_count, 1);
-
-        let nacked = Instant::now();
-        broker.nack(&got[0].receipt, Duration::from_millis(300)).await.unwrap();
-        assert_eq!(broker.pending().await.unwrap(), 1, "moved, not lost or doubled");
-        assert!(broker.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty(), "not due yet");
-        let back = fetch_some(&broker, "the nacked message").await;
-        assert!(
-            nacked.elapsed() >= Duration::from_millis(300),
-            "redelivered {:?} after a 300 ms nack",
-            nacked.elapsed()
-        );
-        assert_eq!(back.len(), 1);
-        assert_eq!(back[0].envelope, e);
-        assert_eq!(back[0].delivery_count, 2);
-        broker.nack(&got[0].receipt, Duration::from_millis(1)).await.unwrap(); // stale: no effect
-
-        broker.nack(&back[0].receipt, Duration::from_millis(1)).await.unwrap();
-        let third = fetch_some(&broker, "the message nacked twice").await;
-        assert_eq!(third[0].envelope, e);
-        assert_eq!(third[0].delivery_count, 3);
-        broker.ack(&[&third[0].receipt]).await.unwrap();
-        assert_eq!(broker.pending().await.unwrap(), 0);
-        assert!(
-            broker.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty(),
-            "no copy left behind"
-        );
-    })
-    .await;
-}
+/// Delete a namespace's queues and exchange (the pool tests clean up with it).
+pub use crate::common::brokers::delete_amqp_namespace as delete_namespace;
 
 /// Acks take effect, `multiple` acks cover only what they should, and a
 /// second ack of one delivery is harmless (in AMQP it would close the
@@ -242,13 +28,13 @@ async fn amqp_delayed_publish_and_nack() {
 /// only message that comes back is the one never acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_acks_single_and_multiple() {
-    in_namespace(|ns| async move {
-        let broker = connect(&ns).await;
+    in_amqp_namespace(|ns| async move {
+        let broker = brokers::amqp(&ns).await;
         let all: Vec<Envelope> = (0..6).map(|i| envelope(&format!("m{i}"))).collect();
         broker.publish(&all, Duration::ZERO).await.unwrap();
-        let got = fetch_n(&broker, 6, "six deliveries").await;
+        let got = fetch_n(&broker, 6, Duration::from_secs(60), "six deliveries").await;
         assert_eq!(ids(&got), vec!["m0", "m1", "m2", "m3", "m4", "m5"]);
-        let r: Vec<&str> = got.iter().map(|d| d.receipt.as_str()).collect();
+        let r = receipts(&got);
 
         broker.ack(&[r[1], r[0]]).await.unwrap(); // every unacked tag up to m1: one multiple ack
         broker.ack(&[r[3]]).await.unwrap(); // m2 still held: a single ack
@@ -258,8 +44,8 @@ async fn amqp_acks_single_and_multiple() {
         assert!(broker.ack(&["not-a-receipt"]).await.is_err(), "malformed receipts are refused");
 
         drop(broker);
-        let other = connect(&ns).await;
-        let back = fetch_some(&other, "the unacked m2 to come back").await;
+        let other = brokers::amqp(&ns).await;
+        let back = fetch_until(&other, 10, Duration::from_secs(60), "the unacked m2 to come back").await;
         assert_eq!(ids(&back), vec!["m2"]);
         assert_eq!(back[0].delivery_count, 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -279,9 +65,9 @@ async fn amqp_acks_single_and_multiple() {
 /// cannot carry is refused at publish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_foreign_messages_and_long_ids() {
-    in_namespace(|ns| async move {
-        let broker = connect(&ns).await;
-        let conn = raw().await;
+    in_amqp_namespace(|ns| async move {
+        let broker = brokers::amqp(&ns).await;
+        let conn = brokers::amqp_raw().await;
         let ch = conn.create_channel().await.unwrap();
         let queue = format!("{ns}.queue");
         ch.basic_publish(
@@ -307,7 +93,7 @@ async fn amqp_foreign_messages_and_long_ids() {
         .await
         .unwrap();
 
-        let got = fetch_n(&broker, 2, "the two foreign messages").await;
+        let got = fetch_n(&broker, 2, Duration::from_secs(60), "the two foreign messages").await;
         let bare = &got[0].envelope;
         assert_eq!(
             (bare.id.as_str(), bare.handler.as_str(), bare.payload.as_slice()),
@@ -337,12 +123,12 @@ async fn amqp_foreign_messages_and_long_ids() {
 /// connection's deliveries (whose delivery tags start again at 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_reconnects_after_the_consumer_is_cancelled() {
-    in_namespace(|ns| async move {
-        let broker = connect(&ns).await;
+    in_amqp_namespace(|ns| async move {
+        let broker = brokers::amqp(&ns).await;
         broker.publish(&[envelope("x")], Duration::ZERO).await.unwrap();
-        let old = fetch_some(&broker, "x").await;
+        let old = fetch_until(&broker, 10, Duration::from_secs(60), "x").await;
 
-        let conn = raw().await;
+        let conn = brokers::amqp_raw().await;
         let ch = conn.create_channel().await.unwrap();
         ch.queue_delete(format!("{ns}.queue").into(), QueueDeleteOptions::default())
             .await
@@ -354,7 +140,7 @@ async fn amqp_reconnects_after_the_consumer_is_cancelled() {
         .await;
 
         broker.publish(&[envelope("y")], Duration::ZERO).await.unwrap();
-        let new = fetch_some(&broker, "y on the new connection").await;
+        let new = fetch_until(&broker, 10, Duration::from_secs(60), "y on the new connection").await;
         assert_eq!(ids(&new), vec!["y"]);
         broker.ack(&[&old[0].receipt]).await.unwrap();
         broker.nack(&old[0].receipt, Duration::ZERO).await.unwrap();
@@ -370,7 +156,7 @@ async fn amqp_reconnects_after_the_consumer_is_cancelled() {
 /// queues and are then acked as duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_pool_runs_concurrent_duplicates_once() {
-    in_namespace(|ns| async move {
+    in_amqp_namespace(|ns| async move {
         let mut env = crate::common::Env::new().await;
         env.config.namespace = ns.clone();
         env.config.broker.kind = BrokerKind::Rabbitmq;
@@ -394,10 +180,7 @@ async fn amqp_pool_runs_concurrent_duplicates_once() {
         let c = pool.counters.snapshot();
         assert_eq!((c.executions, c.duplicates, c.done), (1, 4, 1), "{c:?}");
         assert_eq!(env.mock.performed("payments", "pay-amqp"), 1);
-        assert_eq!(
-            crate::common::state(&pool, "record-payment", "pay-amqp").await.as_deref(),
-            Some("done")
-        );
+        assert_eq!(crate::common::state(&pool, "record-payment", "pay-amqp").await, Some("done"));
         pool.stop().await.unwrap();
     })
     .await;

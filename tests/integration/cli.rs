@@ -98,11 +98,54 @@ fn publish_then_stats() {
     .unwrap();
     let (ok, _, err) = idem(&["publish", "--config", c, "--file", jsonl.to_str().unwrap()]);
     assert!(ok, "{err}");
+    // The format `idem verify --input` reads: no handler on the line, one
+    // given on the command line.
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/verify/grant-credits.jsonl");
+    let (ok, _, err) = idem(&[
+        "publish",
+        "--config",
+        c,
+        "--handler",
+        "grant-credits",
+        "--file",
+        shipped.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
     let (ok, out, err) = idem(&["stats", "--config", c, "--json"]);
     assert!(ok, "{err}");
     let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(stats["pending"], 2);
+    assert_eq!(stats["pending"], 5);
     assert_eq!(stats["done"], 0);
+}
+
+/// Processes that open a database that does not exist yet, at once (a pool
+/// starting while `idem publish` runs, as the quickstart does), all create
+/// it without tripping over each other's migrations.
+#[test]
+fn processes_creating_the_database_at_once_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(&cfg, "[database]\npath = \"new.db\"\n").unwrap();
+    let c = cfg.to_str().unwrap();
+    let publishers: Vec<_> = (0..8)
+        .map(|i| {
+            Command::new(env!("CARGO_BIN_EXE_idem"))
+                .args(["publish", "--config", c, "--handler", "grant-credits", "--id", &format!("m{i}")])
+                .args(["--payload", r#"{"user":"u","balance":1}"#])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run idem")
+        })
+        .collect();
+    for p in publishers {
+        let out = p.wait_with_output().expect("idem publish ends");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (ok, out, err) = idem(&["stats", "--config", c, "--json"]);
+    assert!(ok, "{err}");
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stats["pending"], 8);
 }
 
 /// The demo, as `cargo xtask demo -- --json` runs it, at a smaller size.

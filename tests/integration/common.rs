@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use idem_host::app::Pool;
 use idem_host::config::{Config, Limits, OutagePolicy, PluginConfig, RetryConfig, WorkerConfig};
-use idem_host::demo::mock::Mock;
 use idem_host::envelope::Envelope;
+use idem_host::tools::kit::Mock;
 use idem_host::worker::WorkerOptions;
 
 /// Where `cargo xtask test` put the plugin components.
@@ -48,7 +48,7 @@ impl Env {
         let mock = Mock::start(Duration::from_millis(700)).await.expect("mock");
         // The demo's deployment (every example plugin, endpoints at the
         // mock), with test-sized timings and the hostile plugin added.
-        let mut config = idem_host::demo::demo_config(dir.path().join("idem.db"), &plugin_dir(), &mock, 8);
+        let mut config = idem_host::tools::demo::demo_config(dir.path().join("idem.db"), &plugin_dir(), &mock, 8);
         config.worker = WorkerConfig {
             concurrency: 8,
             batch_size: 16,
@@ -80,7 +80,7 @@ impl Env {
 
     /// Start a pool with the environment's configuration.
     pub async fn start(&self) -> Pool {
-        let pool = Pool::start(&self.config, None).await.expect("pool starts");
+        let pool = Pool::start(&self.config).await.expect("pool starts");
         self.mock.watch_journal(pool.backends.claims.clone());
         pool
     }
@@ -89,7 +89,9 @@ impl Env {
     pub async fn start_with(&self, f: impl FnOnce(&mut WorkerOptions)) -> Pool {
         let mut options = WorkerOptions::from_config(&self.config);
         f(&mut options);
-        let pool = Pool::start_with(&self.config, options, None).await.expect("pool starts");
+        let pool = Pool::start_with(&self.config, options, Default::default())
+            .await
+            .expect("pool starts");
         self.mock.watch_journal(pool.backends.claims.clone());
         pool
     }
@@ -146,8 +148,8 @@ pub async fn drain(pool: &Pool) {
 }
 
 /// The claim state of one key.
-pub async fn state(pool: &Pool, plugin: &str, key: &str) -> Option<String> {
-    pool.backends.claims.state(plugin, key).await.unwrap()
+pub async fn state(pool: &Pool, plugin: &str, key: &str) -> Option<&'static str> {
+    pool.backends.admin.state(plugin, key).await.unwrap().map(|s| s.as_str())
 }
 
 /// URLs of the real services the tests run against (the machine's own, or
@@ -178,4 +180,174 @@ pub mod services {
 /// schemas, queues or streams.
 pub fn unique_namespace(tag: &str) -> String {
     format!("t_{tag}_{}", uuid::Uuid::new_v4().simple().to_string().get(..12).unwrap())
+}
+
+/// What the broker tests share: envelopes, fetching until deliveries
+/// arrive, and each server's connection and clean-up.
+pub mod brokers {
+    use std::fmt::Display;
+    use std::future::Future;
+    use std::time::{Duration, Instant};
+
+    use futures::FutureExt;
+    use idem_host::broker::amqp::AmqpBroker;
+    use idem_host::broker::nats::NatsBroker;
+    use idem_host::broker::redis::RedisBroker;
+    use idem_host::broker::Broker;
+    use idem_host::envelope::{Delivery, Envelope};
+
+    use super::{services, unique_namespace, wait_for};
+
+    /// How long the fetch helpers wait for deliveries before failing.
+    pub const PATIENCE: Duration = Duration::from_secs(5);
+
+    /// A message for handler `h` with one header, whose payload is its id.
+    pub fn envelope(id: &str) -> Envelope {
+        Envelope {
+            id: id.into(),
+            handler: "h".into(),
+            headers: vec![("k".into(), "v".into())],
+            payload: id.as_bytes().to_vec(),
+        }
+    }
+
+    /// The envelope ids of `deliveries`, in order.
+    pub fn ids(deliveries: &[Delivery]) -> Vec<&str> {
+        deliveries.iter().map(|d| d.envelope.id.as_str()).collect()
+    }
+
+    /// The receipts of `deliveries`, in order.
+    pub fn receipts(deliveries: &[Delivery]) -> Vec<&str> {
+        deliveries.iter().map(|d| d.receipt.as_str()).collect()
+    }
+
+    /// Fetch until something comes, or panic after [`PATIENCE`] with `what`.
+    pub async fn fetch_until(broker: &dyn Broker, max: usize, visibility: Duration, what: &str) -> Vec<Delivery> {
+        wait_for(PATIENCE, what, || async {
+            let got = broker.fetch(max, visibility).await.unwrap();
+            (!got.is_empty()).then_some(got)
+        })
+        .await
+    }
+
+    /// Fetch until `n` deliveries came, never asking for more than are
+    /// missing, or panic after [`PATIENCE`]: RabbitMQ pushes deliveries
+    /// asynchronously, so one fetch right after a publish may see only some.
+    pub async fn fetch_n(broker: &dyn Broker, n: usize, visibility: Duration, what: &str) -> Vec<Delivery> {
+        let deadline = Instant::now() + PATIENCE;
+        let mut got = Vec::new();
+        while got.len() < n {
+            assert!(Instant::now() < deadline, "timed out waiting for: {what} (got {:?})", ids(&got));
+            let batch = broker.fetch(n - got.len(), visibility).await.unwrap();
+            if batch.is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            got.extend(batch);
+        }
+        got
+    }
+
+    /// Run `body` with a fresh namespace (named after `tag`), then `delete`
+    /// it, whether the body passed or panicked.
+    pub async fn in_namespace<B, Fut, D, DFut, E>(tag: &str, body: B, delete: D)
+    where
+        B: FnOnce(String) -> Fut,
+        Fut: Future<Output = ()>,
+        D: FnOnce(String) -> DFut,
+        DFut: Future<Output = Result<(), E>>,
+        E: Display,
+    {
+        let namespace = unique_namespace(tag);
+        let outcome = std::panic::AssertUnwindSafe(body(namespace.clone())).catch_unwind().await;
+        let deleted = delete(namespace.clone()).await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+        deleted.unwrap_or_else(|e| panic!("deleting namespace {namespace}: {e}"));
+    }
+
+    /// A Redis broker on namespace `ns`.
+    pub async fn redis(ns: &str) -> RedisBroker {
+        RedisBroker::connect(&services::redis(), ns)
+            .await
+            .expect("Redis at IDEM_TEST_REDIS_URL (default 127.0.0.1:6379)")
+    }
+
+    /// A plain Redis connection, as another producer or an operator has.
+    pub async fn redis_conn() -> redis::aio::MultiplexedConnection {
+        redis::Client::open(services::redis())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Deletes a namespace's Redis broker keys when dropped, even when the
+    /// test fails.
+    pub struct RedisKeys(pub String);
+
+    impl Drop for RedisKeys {
+        fn drop(&mut self) {
+            let deleted = redis::Client::open(services::redis())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| {
+                    redis::cmd("DEL")
+                        .arg(format!("{}:queue", self.0))
+                        .arg(format!("{}:delayed", self.0))
+                        .exec(&mut c)
+                });
+            if let Err(e) = deleted {
+                eprintln!("cannot delete the test keys of namespace {}: {e}", self.0);
+            }
+        }
+    }
+
+    /// A RabbitMQ broker on namespace `ns`.
+    pub async fn amqp(ns: &str) -> AmqpBroker {
+        AmqpBroker::connect(&services::amqp(), ns)
+            .await
+            .unwrap_or_else(|e| panic!("RabbitMQ at IDEM_TEST_AMQP_URL ({}): {e:#}", services::amqp()))
+    }
+
+    /// A plain AMQP connection, as another producer or an operator has.
+    pub async fn amqp_raw() -> lapin::Connection {
+        lapin::Connection::connect(&services::amqp(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ for the test's own connection")
+    }
+
+    /// Delete a namespace's RabbitMQ queues and exchange.
+    pub async fn delete_amqp_namespace(ns: &str) -> anyhow::Result<()> {
+        AmqpBroker::delete_namespace(&services::amqp(), ns).await
+    }
+
+    /// [`in_namespace`] for RabbitMQ: the queues and exchange are deleted.
+    pub async fn in_amqp_namespace<B, Fut>(body: B)
+    where
+        B: FnOnce(String) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        in_namespace("amqp", body, |ns| async move { delete_amqp_namespace(&ns).await }).await;
+    }
+
+    /// A NATS JetStream broker on namespace `ns` whose consumer's ack wait
+    /// (its visibility timeout) is `ack_wait`.
+    pub async fn nats(ns: &str, ack_wait: Duration) -> NatsBroker {
+        NatsBroker::connect(&services::nats(), ns, ack_wait)
+            .await
+            .unwrap_or_else(|e| panic!("NATS with JetStream at {}: {e:#}", services::nats()))
+    }
+
+    /// [`in_namespace`] for NATS: the stream is deleted.
+    pub async fn in_nats_namespace<B, Fut>(body: B)
+    where
+        B: FnOnce(String) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        in_namespace("nats", body, |ns| async move {
+            let client = async_nats::connect(services::nats()).await.expect("NATS for cleanup");
+            async_nats::jetstream::new(client).delete_stream(&ns).await.map(|_| ())
+        })
+        .await;
+    }
 }

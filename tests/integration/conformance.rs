@@ -1,16 +1,13 @@
-//! The conformance suite every backend must pass: claim store, data store
-//! and broker, each written once against the traits. Time is injected
+//! The conformance suite every backend must pass: claim store and data
+//! store, each written once against the traits (the broker's is in
+//! `broker_conformance`). Time is injected
 //! (`now`) so lease expiry is tested without waiting.
 
-use std::time::Duration;
-
 use idem_host::backend::Backends;
-use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
+use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, DeadLetterRequest};
 use idem_host::config::{Config, StoreConfig, StoreKind};
-use idem_host::envelope::{payload_hash, Envelope};
+use idem_host::envelope::payload_hash;
 use idem_host::store::{DataError, Inserted, Upsert};
-
-use crate::common::wait_until;
 
 async fn sqlite() -> (tempfile::TempDir, Backends) {
     let dir = tempfile::tempdir().unwrap();
@@ -37,6 +34,7 @@ fn request<'a>(key: &'a str, hash: &'a str, payload: &'a [u8], max_attempts: u32
 
 pub async fn claim_store_conformance(b: &Backends) {
     let claims = &b.claims;
+    let admin = &b.admin;
     let payload = b"{\"n\":1}";
     let hash = payload_hash(payload);
     let t0 = 1_000_000;
@@ -140,7 +138,7 @@ pub async fn claim_store_conformance(b: &Backends) {
     assert_eq!(claims.confirm(std::slice::from_ref(&f2), t0 + 1_800).await.unwrap(), vec![true]);
     let out = claims.claim(&[request("k1", &hash, payload, 3)], t0 + 1_900).await.unwrap();
     assert_eq!(out, vec![ClaimOutcome::Done]);
-    assert_eq!(claims.state("p", "k1").await.unwrap().as_deref(), Some("done"));
+    assert_eq!(admin.state("p", "k1").await.unwrap().map(ClaimState::as_str), Some("done"));
 
     // Release for a retry: busy until not_before, then acquired again.
     let out = claims.claim(&[request("k2", &hash, payload, 2)], t0).await.unwrap();
@@ -174,7 +172,7 @@ pub async fn claim_store_conformance(b: &Backends) {
     // attempt dies, the next claim dead-letters the message with its payload.
     let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 5_000).await.unwrap();
     assert_eq!(out, vec![ClaimOutcome::Exhausted { attempts: 2 }]);
-    assert_eq!(claims.state("p", "k2").await.unwrap().as_deref(), Some("dead"));
+    assert_eq!(admin.state("p", "k2").await.unwrap().map(ClaimState::as_str), Some("dead"));
     let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 5_001).await.unwrap();
     assert_eq!(out, vec![ClaimOutcome::DeadLettered]);
 
@@ -214,7 +212,7 @@ pub async fn claim_store_conformance(b: &Backends) {
     };
     assert_eq!(claims.dead_letter(&[dl], t0 + 6_100).await.unwrap(), vec![true]);
 
-    let letters = claims.dead_letters(10).await.unwrap();
+    let letters = admin.dead_letters(10).await.unwrap();
     let reasons: Vec<(&str, &str, u32)> = letters
         .iter()
         .map(|d| (d.key.as_str(), &d.reason[..9.min(d.reason.len())], d.attempts))
@@ -224,21 +222,21 @@ pub async fn claim_store_conformance(b: &Backends) {
         vec![("k3", "permanent", 1), ("k2", "attempts ", 2), ("k1", "conflict:", 0)]
     );
     assert!(letters.iter().all(|d| !d.payload.is_empty()));
-    let counts = claims.counts().await.unwrap();
+    let counts = admin.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead, counts.running, counts.dead_letters), (1, 2, 0, 3));
 
     // Replay support: only a dead claim taken for the same payload revives,
     // with no attempts counted; the dead-letter record can then be removed.
-    assert!(!claims.revive("p", "k2", &payload_hash(b"another"), t0 + 7_000).await.unwrap());
-    assert!(!claims.revive("p", "k1", &hash, t0 + 7_000).await.unwrap(), "k1 is done, not dead");
-    assert!(claims.revive("p", "k2", &hash, t0 + 7_000).await.unwrap());
-    assert_eq!(claims.state("p", "k2").await.unwrap().as_deref(), Some("retry"));
+    assert!(!admin.revive("p", "k2", &payload_hash(b"another"), t0 + 7_000).await.unwrap());
+    assert!(!admin.revive("p", "k1", &hash, t0 + 7_000).await.unwrap(), "k1 is done, not dead");
+    assert!(admin.revive("p", "k2", &hash, t0 + 7_000).await.unwrap());
+    assert_eq!(admin.state("p", "k2").await.unwrap().map(ClaimState::as_str), Some("retry"));
     let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 7_001).await.unwrap();
     assert!(matches!(out[0], ClaimOutcome::Acquired { attempt: 1, .. }), "{out:?}");
     let k2 = letters.iter().find(|d| d.key == "k2").unwrap();
-    assert_eq!(claims.dead_letter_get(k2.id).await.unwrap().unwrap().key, "k2");
-    assert_eq!(claims.dead_letter_remove(&[k2.id, k2.id]).await.unwrap(), 1);
-    assert!(claims.dead_letter_get(k2.id).await.unwrap().is_none());
+    assert_eq!(admin.dead_letter_get(k2.id).await.unwrap().unwrap().key, "k2");
+    assert_eq!(admin.dead_letter_remove(&[k2.id, k2.id]).await.unwrap(), 1);
+    assert!(admin.dead_letter_get(k2.id).await.unwrap().is_none());
 }
 
 pub async fn data_store_conformance(b: &Backends) {
@@ -330,58 +328,6 @@ pub async fn batched_upserts_conformance(b: &Backends) {
     }
 }
 
-pub async fn broker_conformance(b: &Backends) {
-    let broker = &b.broker;
-    let e = |id: &str| Envelope {
-        id: id.into(),
-        handler: "h".into(),
-        headers: vec![("k".into(), "v".into())],
-        payload: id.as_bytes().to_vec(),
-    };
-    broker.publish(&[e("a"), e("b"), e("c")], Duration::ZERO).await.unwrap();
-    broker.publish(&[e("later")], Duration::from_secs(3600)).await.unwrap();
-    assert_eq!(broker.pending().await.unwrap(), 4);
-
-    let got = broker.fetch(2, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(got.iter().map(|d| d.envelope.id.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
-    assert_eq!(got[0].envelope.headers, vec![("k".to_string(), "v".to_string())]);
-    assert_eq!(got[0].delivery_count, 1);
-    let rest = broker.fetch(10, Duration::from_millis(200)).await.unwrap();
-    assert_eq!(
-        rest.iter().map(|d| d.envelope.id.as_str()).collect::<Vec<_>>(),
-        vec!["c"],
-        "in-flight and delayed messages are invisible"
-    );
-
-    // Not acked within the visibility timeout: delivered again.
-    wait_until(Duration::from_secs(5), "c to be redelivered", || async {
-        let again = broker.fetch(10, Duration::from_secs(60)).await.unwrap();
-        if let Some(d) = again.first() {
-            assert_eq!(d.envelope.id, "c");
-            assert_eq!(d.delivery_count, 2);
-            broker.ack(&[&d.receipt]).await.unwrap();
-            true
-        } else {
-            false
-        }
-    })
-    .await;
-
-    // Nack with a delay, extend, ack.
-    broker.nack(&got[0].receipt, Duration::ZERO).await.unwrap();
-    let a = broker.fetch(10, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(a.len(), 1);
-    assert_eq!(a[0].envelope.id, "a");
-    broker.nack(&got[0].receipt, Duration::ZERO).await.unwrap(); // stale receipt: no effect
-    assert!(broker.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty());
-    broker
-        .extend(&[&a[0].receipt, &got[1].receipt], Duration::from_secs(60))
-        .await
-        .unwrap();
-    broker.ack(&[&a[0].receipt, &got[1].receipt]).await.unwrap();
-    assert_eq!(broker.pending().await.unwrap(), 1, "only the delayed message is left");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_claim_store_conforms() {
     let (_dir, b) = sqlite().await;
@@ -392,12 +338,6 @@ async fn sqlite_claim_store_conforms() {
 async fn sqlite_data_store_conforms() {
     let (_dir, b) = sqlite().await;
     data_store_conformance(&b).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_broker_conforms() {
-    let (_dir, b) = sqlite().await;
-    broker_conformance(&b).await;
 }
 
 /// Backends on the real servers, in a namespace of their own (a Postgres

@@ -5,6 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use idem_host::claim::ClaimState;
 use idem_host::envelope::idempotency_key;
 use serde_json::json;
 
@@ -57,7 +58,12 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
         "the charge was journaled"
     );
     assert_eq!(
-        backends.claims.state("fulfil-order", "ord-crash").await.unwrap().as_deref(),
+        backends
+            .admin
+            .state("fulfil-order", "ord-crash")
+            .await
+            .unwrap()
+            .map(ClaimState::as_str),
         Some("running")
     );
 
@@ -68,7 +74,13 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
 
     let mut second = spawn_worker(&config_path, &env.dir.path().join("worker-2.log"));
     wait_until(Duration::from_secs(30), "the second worker to finish everything", || async {
-        backends.claims.state("fulfil-order", "ord-crash").await.unwrap().as_deref() == Some("done")
+        backends
+            .admin
+            .state("fulfil-order", "ord-crash")
+            .await
+            .unwrap()
+            .map(ClaimState::as_str)
+            == Some("done")
             && backends.broker.pending().await.unwrap() == 0
     })
     .await;
@@ -84,7 +96,7 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     assert!(String::from_utf8_lossy(&orders[0].1).contains("fulfilled"));
     // Nothing lost: every grant is done too.
     assert_eq!(backends.data.scan("credits").await.unwrap().len(), 10);
-    let counts = backends.claims.counts().await.unwrap();
+    let counts = backends.admin.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead, counts.running, counts.retry), (11, 0, 0, 0));
 
     // SIGTERM: a graceful stop, exit 0.

@@ -172,7 +172,7 @@ async fn g6_poison_is_dead_lettered_and_the_pool_keeps_going() {
     pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
     drain(&pool).await;
     assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 20);
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1);
     let d = &letters[0];
     assert_eq!((d.plugin.as_str(), d.key.as_str(), d.attempts), ("poison", "poison-t", 3));
@@ -202,7 +202,7 @@ async fn g6_traps_count_as_attempts_and_permanent_errors_stop_at_once() {
         .await
         .unwrap();
     drain(&pool).await;
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     let trap = letters.iter().find(|d| d.key == "poison-trap").expect("trap dead-lettered");
     assert_eq!(trap.attempts, 3, "{trap:?}");
     assert!(trap.reason.contains("panicked"), "{}", trap.reason);

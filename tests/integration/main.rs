@@ -6,11 +6,13 @@ mod common;
 
 mod bad_input;
 mod broker_amqp;
+mod broker_conformance;
 mod broker_nats;
 mod broker_redis;
 mod cli;
 mod conformance;
 mod crash;
+mod docs;
 mod guarantees;
 mod operating;
 mod outage;

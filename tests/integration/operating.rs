@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use idem_host::backend::{self, Backends};
+use idem_host::claim::ClaimState;
 use idem_host::config::{Config, StoreKind};
 use serde_json::json;
 
@@ -131,7 +132,7 @@ async fn claim_versions(db: &Path) -> std::collections::HashMap<String, String> 
 }
 
 async fn all_done(backends: &Backends, n: u64) -> bool {
-    let c = backends.claims.counts().await.unwrap();
+    let c = backends.admin.counts().await.unwrap();
     c.done >= n && backends.broker.pending().await.unwrap() == 0
 }
 
@@ -183,7 +184,7 @@ async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
         })
     };
     wait_until(Duration::from_secs(30), "messages flowing on the first version", || async {
-        backends.claims.counts().await.unwrap().done >= 100
+        backends.admin.counts().await.unwrap().done >= 100
     })
     .await;
 
@@ -200,10 +201,10 @@ async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
     })
     .await;
     let v2 = worker.loaded_version("grant-credits").await.unwrap();
-    assert_eq!(v2, idem_host::reload::version_of(&v2_bytes));
-    let done_at_swap = backends.claims.counts().await.unwrap().done;
+    assert_eq!(v2, idem_host::plugin::version_of(&v2_bytes));
+    let done_at_swap = backends.admin.counts().await.unwrap().done;
     wait_until(Duration::from_secs(30), "messages flowing on the new version", || async {
-        backends.claims.counts().await.unwrap().done >= done_at_swap + 200
+        backends.admin.counts().await.unwrap().done >= done_at_swap + 200
     })
     .await;
     stop.cancel();
@@ -211,7 +212,7 @@ async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
 
     wait_until(Duration::from_secs(60), "every message done", || all_done(&backends, sent as u64)).await;
     check_credits(&backends, sent).await;
-    let counts = backends.claims.counts().await.unwrap();
+    let counts = backends.admin.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead, counts.dead_letters), (sent as u64, 0, 0));
     let versions = claim_versions(&env.config.database.path).await;
     assert_eq!(versions.len(), sent);
@@ -250,7 +251,7 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     let worker = Running::spawn(&env.config, env.dir.path(), "refuse", &[]);
     worker.wait_ready().await;
     let v1 = worker.loaded_version("grant-credits").await.unwrap();
-    assert_eq!(v1, idem_host::reload::version_of(&original));
+    assert_eq!(v1, idem_host::plugin::version_of(&original));
 
     // A component that imports sockets is refused at the check, by name.
     std::fs::copy(plugin_dir().join("sneaky_net.wasm"), &file).unwrap();
@@ -273,8 +274,46 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
         versions.values().all(|v| v == &v1),
         "every message ran the old version: {versions:?}"
     );
-    let counts = backends.claims.counts().await.unwrap();
+    let counts = backends.admin.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead_letters), (50, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaults_are_reported() {
+    let (env, file, original) = reload_env(false).await;
+    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
+    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
+    let v1 = runtime.plugin("grant-credits").unwrap().version.clone();
+    let path = env.dir.path().join("idem.toml");
+    std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
+    let reloader = idem_host::reload::Reloader::new(runtime.clone(), env.config.clone(), Some(path.clone()));
+
+    // A new component on disk, and a configuration that no longer parses:
+    // nothing is re-read, the old version keeps serving.
+    std::fs::write(&file, with_custom_section(&original, "v2")).unwrap();
+    std::fs::write(&path, "[worker\nconcurrency = ").unwrap();
+    let report = reloader.reload_config().await;
+    assert!(report.config_refused.is_some(), "{report:?}");
+    assert!(report.swapped.is_empty() && report.refused.is_empty(), "{report:?}");
+    assert_eq!(runtime.plugin("grant-credits").unwrap().version, v1);
+
+    // A valid configuration with a new CPU default: applied, and reported
+    // setting by setting.
+    let mut config = env.config.clone();
+    config.limits.cpu_ms += 100;
+    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    let report = reloader.reload_config().await;
+    assert_eq!(report.config_refused, None);
+    assert_eq!(
+        report.limits_changed,
+        vec![(
+            "cpu_ms".to_string(),
+            env.config.limits.cpu_ms.to_string(),
+            config.limits.cpu_ms.to_string()
+        )]
+    );
+    assert!(report.swapped.iter().any(|(name, _, _)| name == "grant-credits"), "{report:?}");
+    assert_eq!(runtime.plugin("grant-credits").unwrap().limits.cpu_ms, config.limits.cpu_ms);
 }
 
 /// The value of one metric line (`name{labels} value`), if present.
@@ -301,7 +340,7 @@ async fn metrics_and_health_report_a_known_run() {
     batch.push(envelope("poison-p", "poison", json!({ "mode": "permanent" })));
     backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
     wait_until(Duration::from_secs(30), "21 messages settled", || async {
-        let c = backends.claims.counts().await.unwrap();
+        let c = backends.admin.counts().await.unwrap();
         c.done == 20 && c.dead == 1
     })
     .await;
@@ -380,7 +419,12 @@ async fn sigterm_mid_run_releases_what_outlives_the_grace_period_and_loses_nothi
     // The held handler outlived the grace period: its claim was released
     // (not left running until the lease ends) and its delivery not acked.
     assert_eq!(
-        backends.claims.state("fulfil-order", "ord-term").await.unwrap().as_deref(),
+        backends
+            .admin
+            .state("fulfil-order", "ord-term")
+            .await
+            .unwrap()
+            .map(ClaimState::as_str),
         Some("retry")
     );
     let log = std::fs::read_to_string(env.dir.path().join("term-1.log")).unwrap();
@@ -398,7 +442,7 @@ async fn sigterm_mid_run_releases_what_outlives_the_grace_period_and_loses_nothi
         assert_eq!(env.mock.performed(api, "ord-term"), 1, "{api}");
     }
     assert_eq!(env.mock.calls_after_journal(), 0);
-    let counts = backends.claims.counts().await.unwrap();
+    let counts = backends.admin.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead, counts.running, counts.retry), (201, 0, 0, 0));
     second.signal("-TERM");
     assert!(second.wait_exit().await.success());
@@ -482,7 +526,7 @@ async fn dead_letter_round_trip(mut env: Env, tag: &str) {
     assert_eq!(env.mock.performed("payments", "pay-dl"), 1);
     let stored = pool.backends.data.get("payments", "pay-dl").await.unwrap();
     assert!(stored.is_some(), "the replayed handler ran to the end");
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1, "the replayed record is gone: {letters:?}");
     assert_eq!(letters[0].plugin, "poison");
 
@@ -490,7 +534,7 @@ async fn dead_letter_round_trip(mut env: Env, tag: &str) {
     let (ok, _, err) = idem(&config_path, &["dlq", "purge", "--all", "--plugin", "poison"]);
     assert!(ok, "{err}");
     assert!(err.contains("1 dead letter(s) deleted"), "{err}");
-    assert!(pool.backends.claims.dead_letters(10).await.unwrap().is_empty());
+    assert!(pool.backends.admin.dead_letters(10).await.unwrap().is_empty());
     assert_eq!(
         state(&pool, "poison", "msg-poison").await.as_deref(),
         Some("dead"),

@@ -6,17 +6,17 @@ use std::path::Path;
 use std::time::Duration;
 
 use idem_host::app::Pool;
-use idem_host::chaos::OwnRedis;
 use idem_host::config::{BrokerKind, StoreConfig, StoreKind};
-use idem_host::demo::mock::Mock;
-use idem_host::demo::{demo_config, verify, Schedule};
+use idem_host::tools::demo::{demo_config, verify, Schedule};
+use idem_host::tools::kit::Mock;
+use idem_host::tools::kit::OwnRedis;
 
 use crate::common::*;
 
 const MESSAGES: usize = 600;
 
 async fn drained(pool: &Pool, messages: u64) -> bool {
-    let Ok(c) = pool.backends.claims.counts().await else { return false };
+    let Ok(c) = pool.backends.admin.counts().await else { return false };
     let Ok(pending) = pool.backends.broker.pending().await else {
         return false;
     };
@@ -57,14 +57,14 @@ async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
         max_connections: 8,
     };
 
-    let pool = Pool::start(&config, None).await.unwrap();
+    let pool = Pool::start(&config).await.unwrap();
     mock.watch_journal(pool.backends.claims.clone());
     let schedule = Schedule::new(MESSAGES, 5, &mock);
     schedule.publish(pool.backends.broker.as_ref()).await.unwrap();
 
     wait_until(Duration::from_secs(60), "a quarter of the messages to settle", || async {
         pool.backends
-            .claims
+            .admin
             .counts()
             .await
             .map(|c| c.done >= MESSAGES as u64 / 4)
@@ -112,7 +112,7 @@ async fn postgres_connections_terminated_mid_run_are_survived() {
         max_connections: 8,
     };
 
-    let pool = Pool::start(&config, None).await.unwrap();
+    let pool = Pool::start(&config).await.unwrap();
     mock.watch_journal(pool.backends.claims.clone());
     let schedule = Schedule::new(MESSAGES, 6, &mock);
     schedule.publish(pool.backends.broker.as_ref()).await.unwrap();
@@ -123,7 +123,7 @@ async fn postgres_connections_terminated_mid_run_are_survived() {
     for round in 1..=3u64 {
         wait_until(Duration::from_secs(60), "more messages to settle", || async {
             pool.backends
-                .claims
+                .admin
                 .counts()
                 .await
                 .map(|c| c.done >= round * MESSAGES as u64 / 5)

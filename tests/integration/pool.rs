@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_host::config::Config;
-use idem_host::demo::mock::Mock;
-use idem_host::demo::{demo_config, verify, Schedule};
+use idem_host::tools::demo::{demo_config, verify, Schedule};
+use idem_host::tools::kit::Mock;
 
 use crate::common::*;
 
@@ -96,7 +96,7 @@ async fn two_workers_survive_a_kill(example_file: &str) {
     // Kill A once a third of the messages are settled: it dies with
     // handlers in flight, mid external call or mid write.
     let settled = || async {
-        let c = backends.claims.counts().await.unwrap();
+        let c = backends.admin.counts().await.unwrap();
         c.done + c.dead
     };
     wait_until(Duration::from_secs(120), "a third of the messages to settle", || async {
@@ -116,7 +116,7 @@ async fn two_workers_survive_a_kill(example_file: &str) {
 
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let c = backends.claims.counts().await.unwrap();
+        let c = backends.admin.counts().await.unwrap();
         let pending = backends.broker.pending().await.unwrap();
         if c.done + c.dead >= MESSAGES as u64 && c.running == 0 && c.retry == 0 && pending == 0 {
             break;
@@ -154,7 +154,7 @@ async fn two_workers_survive_a_kill(example_file: &str) {
     assert_eq!(report.calls_after_journal, 0, "{example_file}: {report:?}");
     assert_eq!(report.missing_effects, 0, "{example_file}: {report:?}");
     assert_eq!(report.effects, MESSAGES as u64 - 1, "{example_file}: {report:?}");
-    let letters = backends.claims.dead_letters(100).await.unwrap();
+    let letters = backends.admin.dead_letters(100).await.unwrap();
     assert_eq!(letters.len(), 1, "only the poison message: {letters:?}");
     assert_eq!(letters[0].plugin, "poison");
     cleanup(&config).await;

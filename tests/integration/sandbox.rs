@@ -24,7 +24,7 @@ async fn attack(mode: &str) -> (String, idem_host::stats::Snapshot) {
         .await
         .unwrap();
     drain(&pool).await;
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1, "{mode}: {letters:?}");
     let c = pool.counters.snapshot();
     pool.stop().await.unwrap();
@@ -95,7 +95,7 @@ async fn endless_host_calls_are_stopped_by_the_timeout() {
         .await
         .unwrap();
     drain(&pool).await;
-    let letters = pool.backends.claims.dead_letters(10).await.unwrap();
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1);
     assert!(letters[0].reason.contains("limits.timeout_ms = 1000"), "{}", letters[0].reason);
     pool.stop().await.unwrap();

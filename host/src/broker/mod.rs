@@ -3,6 +3,24 @@
 //! Every broker is at-least-once: a delivery that is not acked before its
 //! visibility timeout is delivered again, possibly while the first delivery
 //! is still being handled. Idem never relies on a broker delivering once.
+//!
+//! The [`Broker`] trait is the contract every broker passes the same
+//! conformance suite on (`tests/integration/broker_conformance.rs`). Where a
+//! broker's own model cannot follow the contract's plain reading, it says so
+//! in [`Broker::semantics`] instead of quietly ignoring an argument:
+//!
+//! - **Visibility.** SQLite and Redis make each delivery invisible for the
+//!   `visibility` that `fetch` and `extend` pass
+//!   ([`Visibility::PerDelivery`]). NATS JetStream fixes it when the
+//!   consumer is created (`ack_wait`, from `worker.visibility_ms`), so there
+//!   the argument is only a hint and `extend` restarts the fixed timeout
+//!   ([`Visibility::Fixed`]). RabbitMQ has no timeout at all: a delivery
+//!   stays with the connection that received it until it is acked, nacked or
+//!   that connection closes ([`Visibility::UntilDisconnect`]).
+//! - **Delivery counts of delayed publishes.** JetStream (before 2.12) has
+//!   no per-message delay, so a delayed message is delivered to every fetch
+//!   that meets it early and deferred again, and each of those counts in
+//!   its delivery count ([`Semantics::early_fetches_count`]).
 
 pub mod amqp;
 pub mod nats;
@@ -29,20 +47,70 @@ impl From<sqlx::Error> for BrokerError {
     }
 }
 
+/// How long a fetched delivery stays invisible to other consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Visibility {
+    /// Each `fetch` and `extend` sets it: the delivery is invisible for the
+    /// `visibility` passed, from that call on.
+    #[default]
+    PerDelivery,
+    /// Fixed when the broker was built (NATS: the consumer's `ack_wait`).
+    /// The `visibility` arguments are hints the broker cannot honour;
+    /// `extend` restarts this timeout.
+    Fixed(Duration),
+    /// No timeout (RabbitMQ): a delivery is held until it is acked or
+    /// nacked, or until the connection that received it closes; `extend`
+    /// has nothing to do.
+    UntilDisconnect,
+}
+
+impl Visibility {
+    /// How long a delivery fetched or extended with `requested` stays
+    /// invisible if nothing else happens to it; `None` when only its
+    /// connection closing gives it back.
+    pub fn timeout(self, requested: Duration) -> Option<Duration> {
+        match self {
+            Visibility::PerDelivery => Some(requested),
+            Visibility::Fixed(d) => Some(d),
+            Visibility::UntilDisconnect => None,
+        }
+    }
+}
+
+/// Where a broker's model departs from the plain reading of [`Broker`]'s
+/// documentation. The default is that plain reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Semantics {
+    /// How the `visibility` arguments of `fetch` and `extend` are honoured.
+    pub visibility: Visibility,
+    /// False: a message published with a delay is withheld until it is due,
+    /// and its first delivery counts 1. True: it is delivered to each fetch
+    /// that meets it early and deferred again there, and each of those
+    /// deliveries counts in `delivery_count` (NATS JetStream).
+    pub early_fetches_count: bool,
+}
+
 /// A queue Idem consumes. Batch methods take and answer many deliveries in
 /// one round trip where the broker allows it.
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
     /// Publish envelopes, visible after `delay`.
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError>;
-    /// Fetch up to `max` deliveries, each invisible to others for `visibility`.
+    /// Fetch up to `max` deliveries, each invisible to others for
+    /// `visibility` (as [`Semantics::visibility`] says).
     async fn fetch(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, BrokerError>;
     /// Acknowledge: the message will not be delivered again.
     async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError>;
     /// Make a delivery visible again after `delay` (no ack).
     async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError>;
-    /// Push back the visibility deadline of deliveries still being handled.
+    /// Push back the visibility deadline of deliveries still being handled
+    /// (to `visibility` from now, as [`Semantics::visibility`] says).
     async fn extend(&self, receipts: &[&str], visibility: Duration) -> Result<(), BrokerError>;
     /// Messages not yet acked (visible or in flight).
     async fn pending(&self) -> Result<u64, BrokerError>;
+    /// Where this broker departs from the plain reading of the methods
+    /// above.
+    fn semantics(&self) -> Semantics {
+        Semantics::default()
+    }
 }

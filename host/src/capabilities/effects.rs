@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::HostAbort;
+use super::{ExecutionCaps, HostAbort};
+use crate::bindings::idem::handler::effects::{self as wit_effects, CallError};
 use crate::config::EndpointConfig;
 use crate::envelope::idempotency_key;
-use crate::runtime::bindings::idem::handler::effects::CallError;
-use crate::runtime::HostState;
 use crate::stats::Counters;
 
 /// The header every attempt of a step carries, with the same value.
@@ -38,13 +37,23 @@ impl Endpoints {
     }
 }
 
-/// The host side of `effects.call`.
-pub(crate) async fn call(
-    state: &mut HostState,
+impl wit_effects::Host for ExecutionCaps {
+    async fn call(&mut self, endpoint: String, step: String, request: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
+        self.enter_host();
+        let result = call(self, endpoint, step, request).await;
+        self.enter_host();
+        Ok(result?)
+    }
+}
+
+/// The host side of `effects.call`: the guest-visible answer, or why the
+/// host stops the execution.
+async fn call(
+    state: &mut ExecutionCaps,
     endpoint: String,
     step: String,
     request: Vec<u8>,
-) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
+) -> Result<Result<Vec<u8>, CallError>, HostAbort> {
     let plugin = state.plugin.clone();
     if !plugin.grants.endpoints.contains(&endpoint) {
         return Ok(Err(CallError::AccessDenied(format!(
@@ -65,7 +74,7 @@ pub(crate) async fn call(
             plugin.limits.max_value_bytes
         ))));
     }
-    let caps = state.caps.clone();
+    let caps = state.shared.clone();
     let key = state.exec.key.clone();
 
     let request_hash = hex::encode(Sha256::digest(&request));
@@ -86,13 +95,12 @@ pub(crate) async fn call(
         Err(e) => return Ok(Err(CallError::Transient(format!("journal unavailable: {e}")))),
     }
     // Do not send for an execution that has already lost its claim.
-    if let Some(claim) = &state.exec.claim {
-        match caps.claims.fence_holds(claim).await {
+    if let Some(claim) = state.exec.claim.clone() {
+        match caps.claims.fence_holds(&claim).await {
             Ok(true) => {}
             Ok(false) => {
                 Counters::inc(&caps.counters.fence_rejections);
-                state.abort = Some(HostAbort::FenceLost);
-                return Err(HostAbort::FenceLost.into());
+                return Err(state.stop(HostAbort::FenceLost));
             }
             Err(e) => return Ok(Err(CallError::Transient(format!("claim store unavailable: {e}")))),
         }
@@ -115,7 +123,7 @@ pub(crate) async fn call(
         .header("Idem-Message-Key", &key)
         .header("Idem-Step", &step)
         .header("Content-Type", "application/json")
-        .body(request.clone())
+        .body(request)
         .send()
         .await;
     let response = match sent {
@@ -160,8 +168,7 @@ pub(crate) async fn call(
         Ok(false) => {
             Counters::inc(&caps.counters.fence_rejections);
             tracing::warn!(plugin = %plugin.name, %key, %step, "journal write refused: fence is stale, interrupting the instance");
-            state.abort = Some(HostAbort::FenceLost);
-            return Err(HostAbort::FenceLost.into());
+            return Err(state.stop(HostAbort::FenceLost));
         }
         Err(e) => {
             return Ok(Err(CallError::Transient(format!(
@@ -169,11 +176,10 @@ pub(crate) async fn call(
             ))))
         }
     }
-    if let Some(inject) = &caps.crash_injector {
+    if let Some(inject) = &caps.hooks.crash_after_step {
         if inject(&plugin.name, &key, state.exec.attempt, &step) {
             Counters::inc(&caps.counters.crashes);
-            state.abort = Some(HostAbort::SimulatedCrash);
-            return Err(HostAbort::SimulatedCrash.into());
+            return Err(state.stop(HostAbort::SimulatedCrash));
         }
     }
     Ok(Ok(body.to_vec()))

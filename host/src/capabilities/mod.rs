@@ -1,22 +1,39 @@
 //! What a handler can do: the host side of `idem:handler/{store,effects,log}`.
 //!
-//! Each operation checks the plugin's grants first (access-denied otherwise),
-//! then its size limits, then does the work with the execution's fence. A
-//! stale fence is never reported to the guest as an error it could handle:
-//! the host traps the instance, so a fenced-out execution stops where it is.
+//! Shaped like wasmtime's `wasi-keyvalue`: [`Capabilities`] is what every
+//! execution shares (the stores, the endpoints, the counters, the hooks);
+//! [`ExecutionCaps`] is one execution's view of them (the plugin's grants
+//! and limits, the message key, the claim whose fence every write presents,
+//! the log budget, why the host stopped it). `ExecutionCaps` implements the
+//! WIT host traits and [`add_to_linker`] wires them into any linker through
+//! a closure from the store's state, so the runtime depends on the
+//! capabilities and never the other way round. The native baseline calls
+//! the same checked operations.
+//!
+//! Each operation checks the plugin's grants first (access-denied
+//! otherwise), then its size limits, then does the work with the
+//! execution's fence. A stale fence is never reported to the guest as an
+//! error it could handle: the host traps the instance, so a fenced-out
+//! execution stops where it is.
 
 pub mod effects;
+mod log;
+mod store;
 
-use std::collections::BTreeSet;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use tracing::Level;
+use wasmtime::component::{HasSelf, Linker};
 
-use crate::claim::ClaimStore;
-use crate::runtime::bindings::idem::handler::{effects as wit_effects, log as wit_log, store as wit_store, types as wit_types};
-use crate::runtime::{HostState, Plugin};
+use crate::bindings::idem::handler::types::Message;
+use crate::bindings::Handler;
+use crate::claim::{ClaimRef, ClaimStore};
+use crate::envelope::Envelope;
+use crate::hooks::Hooks;
+pub use crate::plugin::Grants;
+use crate::plugin::PluginInfo;
 use crate::stats::Counters;
-use crate::store::{DataError, DataStore, Inserted};
+use crate::store::DataStore;
 
 /// Why the host stopped an instance.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,30 +49,7 @@ pub enum HostAbort {
     SimulatedCrash,
 }
 
-/// Collections and endpoints a plugin may use.
-#[derive(Debug, Clone, Default)]
-pub struct Grants {
-    /// Collection names.
-    pub collections: BTreeSet<String>,
-    /// Endpoint names.
-    pub endpoints: BTreeSet<String>,
-}
-
-impl Grants {
-    /// Grants from lists of names.
-    pub fn new<S: Into<String>>(collections: impl IntoIterator<Item = S>, endpoints: impl IntoIterator<Item = S>) -> Self {
-        Grants {
-            collections: collections.into_iter().map(Into::into).collect(),
-            endpoints: endpoints.into_iter().map(Into::into).collect(),
-        }
-    }
-}
-
-/// Decides whether an execution "crashes" right after a journaled step:
-/// (plugin, key, attempt, step) → crash?
-pub type CrashInjector = Arc<dyn Fn(&str, &str, u32, &str) -> bool + Send + Sync>;
-
-/// Shared by every execution of a runtime.
+/// Shared by every execution of a pool.
 pub struct Capabilities {
     /// The plugin data store.
     pub data: Arc<dyn DataStore>,
@@ -65,12 +59,113 @@ pub struct Capabilities {
     pub effects: effects::Endpoints,
     /// Counters.
     pub counters: Arc<Counters>,
-    /// Fault injection, for the demo.
-    pub crash_injector: Option<CrashInjector>,
+    /// What tools hooked into the pipeline (none in production).
+    pub hooks: Hooks,
+}
+
+/// What one execution is about.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    /// The message as delivered, shared (not copied) with the worker that
+    /// settles it.
+    pub envelope: Arc<Envelope>,
+    /// The idempotency key.
+    pub key: String,
+    /// Attempt number, counted at claim time.
+    pub attempt: u32,
+    /// The claim (fence) every write presents; `None` when unguarded.
+    pub claim: Option<ClaimRef>,
+    /// Set by the heartbeat when the claim was taken over: the instance is
+    /// interrupted at its next epoch check.
+    pub interrupt: Arc<AtomicBool>,
+}
+
+impl Execution {
+    /// The WIT message handed to the handler: the one copy of the payload
+    /// an execution makes.
+    pub fn message(&self) -> Message {
+        let e = &self.envelope;
+        Message {
+            id: e.id.clone(),
+            key: self.key.clone(),
+            attempt: self.attempt,
+            headers: e.headers.clone(),
+            payload: e.payload.clone(),
+        }
+    }
+}
+
+/// One execution's capabilities: what the WIT host traits are implemented
+/// on.
+pub struct ExecutionCaps {
+    shared: Arc<Capabilities>,
+    plugin: Arc<PluginInfo>,
+    exec: Execution,
+    /// Set by every host call: the epoch tick that elapsed while the host
+    /// worked is not charged to the guest's CPU budget.
+    in_host: bool,
+    log_lines: u32,
+    log_dropped: u32,
+    abort: Option<HostAbort>,
+}
+
+impl ExecutionCaps {
+    /// Capabilities for one execution of `plugin`.
+    pub fn new(shared: Arc<Capabilities>, plugin: Arc<PluginInfo>, exec: Execution) -> Self {
+        ExecutionCaps {
+            shared,
+            plugin,
+            exec,
+            in_host: false,
+            log_lines: 0,
+            log_dropped: 0,
+            abort: None,
+        }
+    }
+
+    /// The plugin running.
+    pub fn plugin(&self) -> &PluginInfo {
+        &self.plugin
+    }
+
+    /// The execution.
+    pub fn execution(&self) -> &Execution {
+        &self.exec
+    }
+
+    /// Why the host stopped the execution, if it did.
+    pub fn abort(&self) -> Option<&HostAbort> {
+        self.abort.as_ref()
+    }
+
+    /// Stop the execution: remembered, and returned as the trap to raise.
+    pub fn stop(&mut self, why: HostAbort) -> HostAbort {
+        self.abort = Some(why.clone());
+        why
+    }
+
+    /// Whether a host call ran since the last time this was asked.
+    pub fn take_in_host(&mut self) -> bool {
+        std::mem::take(&mut self.in_host)
+    }
+
+    /// Log lines dropped for being over the per-execution limit.
+    pub fn log_dropped(&self) -> u32 {
+        self.log_dropped
+    }
+
+    fn enter_host(&mut self) {
+        self.in_host = true;
+    }
+
+    /// Access-denied message if the plugin may not use `collection`.
+    fn collection_denied(&self, collection: &str) -> Option<String> {
+        collection_denied(&self.plugin, collection)
+    }
 }
 
 /// Access-denied message if `plugin` may not use `collection`.
-pub(crate) fn collection_denied(plugin: &Plugin, collection: &str) -> Option<String> {
+fn collection_denied(plugin: &PluginInfo, collection: &str) -> Option<String> {
     if plugin.grants.collections.contains(collection) {
         return None;
     }
@@ -80,149 +175,71 @@ pub(crate) fn collection_denied(plugin: &Plugin, collection: &str) -> Option<Str
     ))
 }
 
+/// Longest key a handler may write, in bytes.
+pub const MAX_STORE_KEY_BYTES: usize = 1024;
+
 /// Too-large message if a key or value exceeds `plugin`'s limits.
-pub(crate) fn too_large(plugin: &Plugin, key: &str, value: &[u8]) -> Option<String> {
+fn too_large(plugin: &PluginInfo, key: &str, value: &[u8]) -> Option<String> {
     let limit = plugin.limits.max_value_bytes;
     if value.len() > limit {
         return Some(format!("value of {} bytes exceeds limits.max_value_bytes = {limit}", value.len()));
     }
-    if key.len() > 1024 {
-        return Some(format!("key of {} bytes exceeds 1024 bytes", key.len()));
+    if key.len() > MAX_STORE_KEY_BYTES {
+        return Some(format!("key of {} bytes exceeds {MAX_STORE_KEY_BYTES} bytes", key.len()));
     }
     None
 }
 
-impl HostState {
-    fn collection_denied(&self, collection: &str) -> Option<String> {
-        collection_denied(&self.plugin, collection)
-    }
-
-    fn too_large(&self, key: &str, value: &[u8]) -> Option<String> {
-        too_large(&self.plugin, key, value)
-    }
-
-    /// Map a data-store failure: a stale fence traps, an outage is reported.
-    fn data_error(&mut self, e: DataError) -> wasmtime::Result<wit_store::StoreError> {
-        match e {
-            DataError::FenceLost { .. } => {
-                Counters::inc(&self.caps.counters.fence_rejections);
-                tracing::warn!(plugin = %self.plugin.name, key = %self.exec.key, "store write refused: fence is stale, interrupting the instance");
-                self.abort = Some(HostAbort::FenceLost);
-                Err(HostAbort::FenceLost.into())
-            }
-            DataError::Unavailable(m) => Ok(wit_store::StoreError::Unavailable(m)),
-        }
-    }
+/// Add `idem:handler/{types,store,effects,log}` to a linker whose store
+/// state reaches an [`ExecutionCaps`] through `get`.
+pub fn add_to_linker<T: Send + 'static>(linker: &mut Linker<T>, get: fn(&mut T) -> &mut ExecutionCaps) -> anyhow::Result<()> {
+    Handler::add_to_linker::<T, HasSelf<ExecutionCaps>>(linker, get).map_err(|e| anyhow::anyhow!("{e:#}"))
 }
 
-impl wit_types::Host for HostState {}
+impl crate::bindings::idem::handler::types::Host for ExecutionCaps {}
 
-impl wit_store::Host for HostState {
-    async fn insert_unique(
-        &mut self,
-        collection: String,
-        key: String,
-        value: Vec<u8>,
-    ) -> wasmtime::Result<Result<wit_store::Inserted, wit_store::StoreError>> {
-        self.in_host = true;
-        if let Some(m) = self.collection_denied(&collection) {
-            return Ok(Err(wit_store::StoreError::AccessDenied(m)));
-        }
-        if let Some(m) = self.too_large(&key, &value) {
-            return Ok(Err(wit_store::StoreError::TooLarge(m)));
-        }
-        let caps = self.caps.clone();
-        match caps.data.insert_unique(self.exec.claim.as_ref(), &collection, &key, &value).await {
-            Ok(Inserted::Inserted) => Ok(Ok(wit_store::Inserted::Inserted)),
-            Ok(Inserted::Existed(v)) => Ok(Ok(wit_store::Inserted::Existed(v))),
-            Err(e) => self.data_error(e).map(Err),
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::config::Limits;
+
+    pub(crate) fn plugin(collections: &[&str], endpoints: &[&str]) -> PluginInfo {
+        PluginInfo {
+            name: "p".into(),
+            version: "v1".into(),
+            grants: Grants::new(collections.iter().copied(), endpoints.iter().copied()),
+            limits: Limits {
+                max_value_bytes: 16,
+                ..Limits::default()
+            },
+            key_pointer: None,
+            imports: Vec::new(),
+            loaded_at: 0,
         }
     }
 
-    async fn upsert(&mut self, collection: String, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), wit_store::StoreError>> {
-        self.in_host = true;
-        if let Some(m) = self.collection_denied(&collection) {
-            return Ok(Err(wit_store::StoreError::AccessDenied(m)));
-        }
-        if let Some(m) = self.too_large(&key, &value) {
-            return Ok(Err(wit_store::StoreError::TooLarge(m)));
-        }
-        let caps = self.caps.clone();
-        match caps.data.upsert(self.exec.claim.as_ref(), &collection, &key, &value).await {
-            Ok(()) => Ok(Ok(())),
-            Err(e) => self.data_error(e).map(Err),
-        }
+    #[test]
+    fn a_collection_outside_the_grants_is_denied_with_the_setting_to_change() {
+        let p = plugin(&["payments"], &[]);
+        assert_eq!(collection_denied(&p, "payments"), None);
+        let denied = collection_denied(&p, "orders").expect("denied");
+        assert!(
+            denied.contains("\"orders\"") && denied.contains("plugins.p.collections"),
+            "{denied}"
+        );
     }
 
-    async fn get(&mut self, collection: String, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, wit_store::StoreError>> {
-        self.in_host = true;
-        if let Some(m) = self.collection_denied(&collection) {
-            return Ok(Err(wit_store::StoreError::AccessDenied(m)));
-        }
-        let caps = self.caps.clone();
-        match caps.data.get(&collection, &key).await {
-            Ok(v) => Ok(Ok(v)),
-            Err(e) => self.data_error(e).map(Err),
-        }
-    }
-
-    async fn delete(&mut self, collection: String, key: String) -> wasmtime::Result<Result<bool, wit_store::StoreError>> {
-        self.in_host = true;
-        if let Some(m) = self.collection_denied(&collection) {
-            return Ok(Err(wit_store::StoreError::AccessDenied(m)));
-        }
-        let caps = self.caps.clone();
-        match caps.data.delete(self.exec.claim.as_ref(), &collection, &key).await {
-            Ok(existed) => Ok(Ok(existed)),
-            Err(e) => self.data_error(e).map(Err),
-        }
-    }
-}
-
-impl wit_effects::Host for HostState {
-    async fn call(
-        &mut self,
-        endpoint: String,
-        step: String,
-        request: Vec<u8>,
-    ) -> wasmtime::Result<Result<Vec<u8>, wit_effects::CallError>> {
-        self.in_host = true;
-        let result = effects::call(self, endpoint, step, request).await;
-        self.in_host = true;
-        result
-    }
-}
-
-impl wit_log::Host for HostState {
-    async fn log(&mut self, level: wit_log::Level, message: String) -> wasmtime::Result<()> {
-        let limits = &self.plugin.limits;
-        if self.log_lines >= limits.max_log_lines {
-            self.log_dropped += 1;
-            return Ok(());
-        }
-        self.log_lines += 1;
-        let mut message = message;
-        if message.len() > limits.max_log_line_bytes {
-            let mut cut = limits.max_log_line_bytes;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push_str("… [truncated]");
-        }
-        let (plugin, key, attempt) = (&self.plugin.name, &self.exec.key, self.exec.attempt);
-        macro_rules! emit {
-            ($lvl:expr) => {
-                tracing::event!(target: "idem::plugin", $lvl, plugin = %plugin, key = %key, attempt, "{message}")
-            };
-        }
-        match level {
-            wit_log::Level::Trace => emit!(Level::TRACE),
-            wit_log::Level::Debug => emit!(Level::DEBUG),
-            wit_log::Level::Info => emit!(Level::INFO),
-            wit_log::Level::Warn => emit!(Level::WARN),
-            wit_log::Level::Error => emit!(Level::ERROR),
-        }
-        Ok(())
+    #[test]
+    fn values_and_keys_are_bounded() {
+        let p = plugin(&["c"], &[]);
+        assert_eq!(too_large(&p, "k", &[0; 16]), None);
+        let value = too_large(&p, "k", &[0; 17]).expect("value too large");
+        assert!(
+            value.contains("17 bytes") && value.contains("limits.max_value_bytes = 16"),
+            "{value}"
+        );
+        let long_key = "k".repeat(MAX_STORE_KEY_BYTES + 1);
+        assert_eq!(too_large(&p, &long_key[..MAX_STORE_KEY_BYTES], b""), None);
+        assert!(too_large(&p, &long_key, b"").expect("key too large").contains("1025 bytes"));
     }
 }

@@ -8,12 +8,18 @@
 //! payload is a conflict). Every change after the claim names the fence it
 //! expects; a stale fence changes nothing.
 
+mod admin;
 pub mod postgres;
 pub mod redis;
+mod sql_admin;
 pub mod sqlite;
+mod state;
 
 use async_trait::async_trait;
-use serde::Serialize;
+
+pub use admin::{ClaimAdmin, ClaimCounts, DeadLetter};
+pub use state::ClaimState;
+pub(crate) use state::{decide, Decision, Stored};
 
 /// A claim held by one execution: what every guarded operation presents.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -84,60 +90,6 @@ pub enum ClaimOutcome {
     },
 }
 
-/// A stored claim, as far as deciding a new delivery of its key needs it.
-pub(crate) struct Stored<'a> {
-    pub payload_hash: &'a str,
-    pub state: &'a str,
-    pub lease_until: i64,
-    pub not_before: i64,
-    pub attempts: i64,
-    pub last_error: Option<&'a str>,
-}
-
-/// What a delivery of an already-claimed key gets. One function for the SQL
-/// backends; the Redis backend makes the same decision in
-/// `lua/claims_claim.lua`.
-pub(crate) enum Decision {
-    /// Answer without changing the claim.
-    Answer(ClaimOutcome),
-    /// Dead-letter this delivery (the claim stays as it is).
-    Conflict(String),
-    /// Mark the claim dead and dead-letter the message: no attempt is left.
-    Exhaust(String),
-    /// Take the claim over: fence and attempts grow.
-    TakeOver,
-}
-
-pub(crate) fn decide(s: &Stored, r: &ClaimRequest, now: i64) -> Decision {
-    if s.payload_hash != r.payload_hash {
-        return Decision::Conflict(format!(
-            "conflict: key {:?} of plugin {} was first seen with a different payload (sha256 {}…, this delivery {}…); a reused key is not a duplicate",
-            r.key,
-            r.plugin,
-            &s.payload_hash[..12.min(s.payload_hash.len())],
-            &r.payload_hash[..12.min(r.payload_hash.len())]
-        ));
-    }
-    match s.state {
-        "done" => Decision::Answer(ClaimOutcome::Done),
-        "dead" => Decision::Answer(ClaimOutcome::DeadLettered),
-        "running" if s.lease_until > now => Decision::Answer(ClaimOutcome::Busy {
-            retry_after_ms: s.lease_until - now,
-        }),
-        "retry" if s.not_before > now => Decision::Answer(ClaimOutcome::Busy {
-            retry_after_ms: s.not_before - now,
-        }),
-        _ if s.attempts >= r.max_attempts as i64 => Decision::Exhaust(format!(
-            "attempts exhausted: {} of {} made; last error: {}",
-            s.attempts,
-            r.max_attempts,
-            s.last_error
-                .unwrap_or("the worker running it stopped (crash or kill) before settling")
-        )),
-        _ => Decision::TakeOver,
-    }
-}
-
 /// A message to dead-letter.
 #[derive(Debug, Clone)]
 pub struct DeadLetterRequest<'a> {
@@ -169,58 +121,6 @@ pub struct JournalEntry {
     pub response: Vec<u8>,
 }
 
-/// A dead-lettered message.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeadLetter {
-    /// Row id.
-    pub id: i64,
-    /// Plugin name.
-    pub plugin: String,
-    /// Idempotency key.
-    pub key: String,
-    /// Producer's message id.
-    pub msg_id: String,
-    /// Headers as delivered.
-    pub headers: Vec<(String, String)>,
-    /// Payload as delivered (serialized lossily as text).
-    #[serde(serialize_with = "lossy_text")]
-    pub payload: Vec<u8>,
-    /// Why it was dead-lettered.
-    pub reason: String,
-    /// Executions made.
-    pub attempts: u32,
-    /// Content hash of the plugin.
-    pub plugin_version: Option<String>,
-    /// When the claim was first taken (ms).
-    pub first_seen_at: i64,
-    /// When it was dead-lettered (ms).
-    pub dead_at: i64,
-}
-
-fn lossy_text<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(bytes))
-}
-
-/// Headers as stored with a dead letter (JSON); unreadable ones are dropped.
-pub(crate) fn parse_headers(json: &str) -> Vec<(String, String)> {
-    serde_json::from_str(json).unwrap_or_default()
-}
-
-/// Counts by claim state.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct ClaimCounts {
-    /// Claims held by a running execution.
-    pub running: u64,
-    /// Claims waiting for a retry.
-    pub retry: u64,
-    /// Claims done.
-    pub done: u64,
-    /// Claims dead-lettered.
-    pub dead: u64,
-    /// Dead-letter rows (includes input that was never claimed).
-    pub dead_letters: u64,
-}
-
 /// Errors of the claim store itself (not of the guarded operations, which
 /// answer with `false` when the fence is stale).
 #[derive(Debug, thiserror::Error)]
@@ -236,7 +136,9 @@ impl From<sqlx::Error> for ClaimError {
     }
 }
 
-/// The claim store. Batch methods answer per item, in order.
+/// The claim store on the hot path: what a worker does to a message's
+/// claim, its journal and its dead letter. Batch methods answer per item, in
+/// order. What operators and tools ask of it is [`ClaimAdmin`].
 #[async_trait]
 pub trait ClaimStore: Send + Sync + 'static {
     /// Claim each delivery (one round trip for the batch).
@@ -267,20 +169,4 @@ pub trait ClaimStore: Send + Sync + 'static {
         plugin_version: &str,
         now: i64,
     ) -> Result<bool, ClaimError>;
-    /// The state of one claim (`running`, `retry`, `done`, `dead`), if any.
-    async fn state(&self, plugin: &str, key: &str) -> Result<Option<String>, ClaimError>;
-    /// Counts by state.
-    async fn counts(&self) -> Result<ClaimCounts, ClaimError>;
-    /// Dead letters, newest first.
-    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError>;
-    /// One dead letter.
-    async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError>;
-    /// Delete dead-letter records; returns how many existed.
-    async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError>;
-    /// Give a dead claim a fresh start for a replay: state `retry`, no
-    /// attempts or traps counted, due now; only if it is dead and was taken
-    /// for this payload (`payload_hash`), so replaying a conflict's dead
-    /// letter never revives the claim of the other message. `false`
-    /// otherwise (done, running, never claimed, or another payload's).
-    async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError>;
 }

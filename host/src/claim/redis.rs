@@ -15,7 +15,10 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
 
-use super::{ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest, JournalEntry};
+use super::{
+    ClaimAdmin, ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, ClaimStore, DeadLetter, DeadLetterRequest,
+    JournalEntry,
+};
 
 /// The Redis claim store.
 pub struct RedisClaims {
@@ -43,7 +46,7 @@ impl RedisClaims {
         let client = redis::Client::open(url).with_context(|| {
             format!(
                 "claims.url {:?} is not a valid Redis URL (redis://host:port)",
-                crate::config::redact(url)
+                crate::text::redact_url(url)
             )
         })?;
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -53,7 +56,7 @@ impl RedisClaims {
         let conn = ConnectionManager::new_with_config(client, config).await.with_context(|| {
             format!(
                 "cannot connect to Redis at claims.url = {:?}: is the server running?",
-                crate::config::redact(url)
+                crate::text::redact_url(url)
             )
         })?;
         Ok(RedisClaims {
@@ -269,24 +272,36 @@ impl ClaimStore for RedisClaims {
             .await?;
         Ok(n == 1)
     }
+}
 
-    async fn state(&self, plugin: &str, key: &str) -> Result<Option<String>, ClaimError> {
+#[async_trait]
+impl ClaimAdmin for RedisClaims {
+    async fn ping(&self) -> Result<(), ClaimError> {
         let mut conn = self.conn.clone();
-        Ok(conn.hget(self.claim_key(plugin, key), "state").await?)
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    async fn state(&self, plugin: &str, key: &str) -> Result<Option<ClaimState>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let name: Option<String> = conn.hget(self.claim_key(plugin, key), "state").await?;
+        name.map(|n| {
+            ClaimState::parse(&n).ok_or_else(|| ClaimError::Unavailable(format!("the claim store holds an unknown claim state {n:?}")))
+        })
+        .transpose()
     }
 
     async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
         let mut conn = self.conn.clone();
         let map: std::collections::HashMap<String, i64> = conn.hgetall(self.counts_key()).await?;
-        let get = |k: &str| map.get(k).copied().unwrap_or(0).max(0) as u64;
-        let dead_letters: u64 = conn.llen(self.dead_ids()).await?;
-        Ok(ClaimCounts {
-            running: get("running"),
-            retry: get("retry"),
-            done: get("done"),
-            dead: get("dead"),
-            dead_letters,
-        })
+        let mut counts = ClaimCounts {
+            dead_letters: conn.llen(self.dead_ids()).await?,
+            ..ClaimCounts::default()
+        };
+        for state in ClaimState::ALL {
+            counts.set(state, map.get(state.as_str()).copied().unwrap_or(0).max(0) as u64);
+        }
+        Ok(counts)
     }
 
     async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
@@ -318,7 +333,7 @@ impl ClaimStore for RedisClaims {
             plugin: s("plugin"),
             key: s("key"),
             msg_id: s("msg_id"),
-            headers: super::parse_headers(&s("headers")),
+            headers: super::admin::parse_headers(&s("headers")),
             payload: m.get("payload").cloned().unwrap_or_default(),
             reason: s("reason"),
             attempts: n("attempts") as u32,

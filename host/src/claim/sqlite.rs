@@ -7,10 +7,7 @@
 use async_trait::async_trait;
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 
-use super::{
-    decide, ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetter, DeadLetterRequest, Decision,
-    JournalEntry, Stored,
-};
+use super::{decide, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetterRequest, Decision, JournalEntry, Stored};
 
 /// The SQLite claim store.
 pub struct SqliteClaims {
@@ -106,7 +103,7 @@ impl ClaimStore for SqliteClaims {
             let created_at: i64 = row.try_get("created_at")?;
             let stored = Stored {
                 payload_hash: &hash,
-                state: &state,
+                state: super::sql_admin::state(&state)?,
                 lease_until: row.try_get("lease_until")?,
                 not_before: row.try_get("not_before")?,
                 attempts,
@@ -330,97 +327,6 @@ impl ClaimStore for SqliteClaims {
         tx.commit().await?;
         Ok(true)
     }
-
-    async fn state(&self, plugin: &str, key: &str) -> Result<Option<String>, ClaimError> {
-        Ok(sqlx::query_scalar("SELECT state FROM claims WHERE plugin = ?1 AND key = ?2")
-            .bind(plugin)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?)
-    }
-
-    async fn counts(&self) -> Result<ClaimCounts, ClaimError> {
-        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM claims GROUP BY state")
-            .fetch_all(&self.pool)
-            .await?;
-        let mut c = ClaimCounts::default();
-        for row in rows {
-            let n = row.try_get::<i64, _>("n")? as u64;
-            match row.try_get::<String, _>("state")?.as_str() {
-                "running" => c.running = n,
-                "retry" => c.retry = n,
-                "done" => c.done = n,
-                "dead" => c.dead = n,
-                _ => {}
-            }
-        }
-        c.dead_letters = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM dead_letters")
-            .fetch_one(&self.pool)
-            .await? as u64;
-        Ok(c)
-    }
-
-    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
-        let rows = sqlx::query(
-            "SELECT id, plugin, key, msg_id, headers, payload, reason, attempts, plugin_version, first_seen_at, dead_at FROM dead_letters ORDER BY id DESC LIMIT ?1",
-        )
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(dead_letter_row)
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
-    }
-
-    async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError> {
-        let row = sqlx::query(
-            "SELECT id, plugin, key, msg_id, headers, payload, reason, attempts, plugin_version, first_seen_at, dead_at FROM dead_letters WHERE id = ?1",
-        )
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.as_ref().map(dead_letter_row).transpose()?)
-    }
-
-    async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError> {
-        let mut tx = self.pool.begin().await?;
-        let mut removed = 0;
-        for id in ids {
-            removed += sqlx::query("DELETE FROM dead_letters WHERE id = ?1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(removed)
-    }
-
-    async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError> {
-        let r = sqlx::query(include_str!("../../queries/sqlite/claim_revive.sql"))
-            .bind(plugin)
-            .bind(key)
-            .bind(now)
-            .bind(payload_hash)
-            .execute(&self.pool)
-            .await?;
-        Ok(r.rows_affected() == 1)
-    }
 }
 
-fn dead_letter_row(row: &sqlx::sqlite::SqliteRow) -> Result<DeadLetter, sqlx::Error> {
-    Ok(DeadLetter {
-        id: row.try_get("id")?,
-        plugin: row.try_get("plugin")?,
-        key: row.try_get("key")?,
-        msg_id: row.try_get("msg_id")?,
-        headers: super::parse_headers(&row.try_get::<String, _>("headers")?),
-        payload: row.try_get("payload")?,
-        reason: row.try_get("reason")?,
-        attempts: row.try_get::<i64, _>("attempts")? as u32,
-        plugin_version: row.try_get("plugin_version")?,
-        first_seen_at: row.try_get("first_seen_at")?,
-        dead_at: row.try_get("dead_at")?,
-    })
-}
+super::sql_admin::sql_claim_admin!(SqliteClaims, "sqlite");

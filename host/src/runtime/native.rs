@@ -6,92 +6,63 @@
 //! of the sandbox: instantiation, the component-model boundary, guest code.
 //! Native handlers are not a way to deploy handlers: they are not isolated.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::bindings::idem::handler::store::StoreError;
-use super::bindings::idem::handler::types::{HandlerError, Message};
-use super::{Execution, Outcome, Plugin};
-use crate::capabilities::{collection_denied, too_large, Capabilities};
-use crate::stats::Counters;
-use crate::store::DataError;
+use super::Outcome;
+use crate::bindings::idem::handler::store::StoreError;
+use crate::bindings::idem::handler::types::{HandlerError, Message};
+use crate::capabilities::{Capabilities, Execution, ExecutionCaps, HostAbort};
+use crate::plugin::PluginInfo;
 
 /// A handler written in Rust and linked into the host.
 #[async_trait]
 pub trait NativeHandler: Send + Sync + 'static {
     /// Handle one message.
-    async fn handle(&self, ctx: &NativeCtx<'_>, msg: &Message) -> Result<(), HandlerError>;
+    async fn handle(&self, ctx: &mut NativeCtx, msg: &Message) -> Result<(), HandlerError>;
 }
 
 /// What a native handler can do: the store operations a component has,
-/// with the same checks.
-pub struct NativeCtx<'a> {
-    caps: &'a Capabilities,
-    plugin: &'a Plugin,
-    exec: &'a Execution,
-    fence_lost: AtomicBool,
+/// through the same [`ExecutionCaps`] (grants, sizes, fences).
+pub struct NativeCtx {
+    caps: ExecutionCaps,
 }
 
-impl NativeCtx<'_> {
-    fn failed(&self, e: DataError) -> StoreError {
-        match e {
-            DataError::FenceLost { .. } => {
-                Counters::inc(&self.caps.counters.fence_rejections);
-                self.fence_lost.store(true, Ordering::Relaxed);
-                StoreError::Unavailable("the claim was taken over".into())
-            }
-            DataError::Unavailable(m) => StoreError::Unavailable(m),
-        }
-    }
+/// What a component sees as a trap, a native handler sees as an error it
+/// cannot recover from; the execution's outcome says why.
+fn stopped(why: HostAbort) -> StoreError {
+    StoreError::Unavailable(why.to_string())
+}
 
+impl NativeCtx {
     /// `store.upsert`.
-    pub async fn upsert(&self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        if let Some(m) = collection_denied(self.plugin, collection) {
-            return Err(StoreError::AccessDenied(m));
-        }
-        if let Some(m) = too_large(self.plugin, key, value) {
-            return Err(StoreError::TooLarge(m));
-        }
+    pub async fn upsert(&mut self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.caps
-            .data
-            .upsert(self.exec.claim.as_ref(), collection, key, value)
+            .store_upsert(collection, key, value)
             .await
-            .map_err(|e| self.failed(e))
+            .unwrap_or_else(|a| Err(stopped(a)))
     }
 
     /// `store.get`.
-    pub async fn get(&self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(m) = collection_denied(self.plugin, collection) {
-            return Err(StoreError::AccessDenied(m));
-        }
-        self.caps.data.get(collection, key).await.map_err(|e| self.failed(e))
+    pub async fn get(&mut self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.caps.store_get(collection, key).await.unwrap_or_else(|a| Err(stopped(a)))
     }
 }
 
 /// Run one message through a native handler.
-pub(super) async fn execute(handler: &dyn NativeHandler, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
-    let msg = Message {
-        id: exec.msg_id.clone(),
-        key: exec.key.clone(),
-        attempt: exec.attempt,
-        headers: exec.headers.clone(),
-        payload: exec.payload.clone(),
-    };
-    let ctx = NativeCtx {
-        caps,
-        plugin,
-        exec: &exec,
-        fence_lost: AtomicBool::new(false),
+pub(super) async fn execute(handler: &dyn NativeHandler, shared: &Arc<Capabilities>, plugin: &Arc<PluginInfo>, exec: Execution) -> Outcome {
+    let msg = exec.message();
+    let mut ctx = NativeCtx {
+        caps: ExecutionCaps::new(shared.clone(), plugin.clone(), exec),
     };
     let timeout = Duration::from_millis(plugin.limits.timeout_ms);
-    let result = match tokio::time::timeout(timeout, handler.handle(&ctx, &msg)).await {
+    let result = match tokio::time::timeout(timeout, handler.handle(&mut ctx, &msg)).await {
         Ok(r) => r,
         Err(_) => return Outcome::Trapped(format!("timeout: ran longer than limits.timeout_ms = {}", plugin.limits.timeout_ms)),
     };
-    if ctx.fence_lost.load(Ordering::Relaxed) {
+    if ctx.caps.abort() == Some(&HostAbort::FenceLost) {
         return Outcome::FenceLost;
     }
     match result {
@@ -107,7 +78,7 @@ pub struct GrantCredits;
 
 #[async_trait]
 impl NativeHandler for GrantCredits {
-    async fn handle(&self, ctx: &NativeCtx<'_>, msg: &Message) -> Result<(), HandlerError> {
+    async fn handle(&self, ctx: &mut NativeCtx, msg: &Message) -> Result<(), HandlerError> {
         #[derive(serde::Deserialize)]
         struct Grant {
             user: String,
@@ -128,7 +99,7 @@ pub struct Noop;
 
 #[async_trait]
 impl NativeHandler for Noop {
-    async fn handle(&self, _ctx: &NativeCtx<'_>, _msg: &Message) -> Result<(), HandlerError> {
+    async fn handle(&self, _ctx: &mut NativeCtx, _msg: &Message) -> Result<(), HandlerError> {
         Ok(())
     }
 }

@@ -182,7 +182,7 @@ impl DataStore for PgData {
     }
 
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {
-        let rows = sqlx::query("SELECT key, value FROM kv WHERE collection = $1 ORDER BY key")
+        let rows = sqlx::query(include_str!("../../queries/postgres/kv_scan.sql"))
             .bind(collection)
             .fetch_all(&self.pool)
             .await?;

@@ -14,9 +14,8 @@
 //! call reached an endpoint again. The seed is printed so a failing run can
 //! be replayed.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -24,8 +23,11 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::config::{BrokerKind, Config, StoreKind};
-use crate::demo::mock::Mock;
-use crate::demo::{demo_config, verify, Schedule};
+use crate::tools::demo::{demo_config, verify, Schedule};
+use crate::tools::kit::{Mock, OwnRedis};
+use workers::Workers;
+
+mod workers;
 
 /// Arguments of `idem chaos`.
 #[derive(Debug, Clone, clap::Args)]
@@ -111,156 +113,6 @@ enum Fault {
     BrokerDisconnect,
 }
 
-/// A Redis server of one's own on a free port, persisting every write
-/// (`appendfsync always`), so that SIGKILL and a restart is a crash, not a
-/// wipe. Used by chaos runs and the outage tests.
-pub struct OwnRedis {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    /// Start it.
-    pub fn start() -> Result<OwnRedis> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut r = OwnRedis {
-            port,
-            dir: tempfile::tempdir()?,
-            child: None,
-        };
-        r.spawn()?;
-        Ok(r)
-    }
-
-    /// Start it again (after [`kill`](Self::kill)).
-    pub fn spawn(&mut self) -> Result<()> {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start redis-server (install Debian's redis-server package)")?;
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("redis-server on port {} did not start", self.port);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
-    }
-
-    /// SIGKILL it.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Its URL.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-struct Workers {
-    config: PathBuf,
-    logs: PathBuf,
-    children: Vec<Option<Child>>,
-    log_of: Vec<PathBuf>,
-    spawned: usize,
-}
-
-impl Workers {
-    fn spawn(&mut self, slot: usize) -> Result<()> {
-        self.spawned += 1;
-        self.log_of[slot] = self.logs.join(format!("worker-{}.log", self.spawned));
-        let log = std::fs::File::create(&self.log_of[slot])?;
-        let child = Command::new(std::env::current_exe()?)
-            .args(["run", "--config"])
-            .arg(&self.config)
-            .env("IDEM_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("cannot start a worker process")?;
-        self.children[slot] = Some(child);
-        Ok(())
-    }
-
-    /// A worker that exited on its own: its log's last lines.
-    fn exited(&mut self) -> Option<String> {
-        for slot in 0..self.children.len() {
-            if let Some(c) = &mut self.children[slot] {
-                if let Ok(Some(status)) = c.try_wait() {
-                    let text = std::fs::read_to_string(&self.log_of[slot]).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                    return Some(format!(
-                        "a worker exited by itself ({status}): {}",
-                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                    ));
-                }
-            }
-        }
-        None
-    }
-
-    fn kill(&mut self, slot: usize) {
-        if let Some(mut c) = self.children[slot].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn stop_all(&mut self) {
-        for slot in 0..self.children.len() {
-            if let Some(c) = &self.children[slot] {
-                let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for slot in 0..self.children.len() {
-            if let Some(mut c) = self.children[slot].take() {
-                while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-}
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for slot in 0..self.children.len() {
-            self.kill(slot);
-        }
-    }
-}
-
 /// The example configuration, pointed at the run's namespace, mock,
 /// plugins and (where Redis is used) its own Redis.
 fn chaos_config(args: &ChaosArgs, dir: &Path, mock: &Mock, redis: Option<&OwnRedis>, seed: u64) -> Result<Config> {
@@ -335,13 +187,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
         ..Default::default()
     };
 
-    let mut workers = Workers {
-        config: config_path.clone(),
-        logs: dir.path().to_path_buf(),
-        children: (0..args.workers).map(|_| None).collect(),
-        log_of: vec![PathBuf::new(); args.workers],
-        spawned: 0,
-    };
+    let mut workers = Workers::new(config_path.clone(), dir.path().to_path_buf(), args.workers);
     for slot in 0..args.workers {
         workers.spawn(slot)?;
     }
@@ -355,7 +201,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
             workers.stop_all();
             bail!("seed {seed}: {why}");
         }
-        let counts = backends.claims.counts().await.ok();
+        let counts = backends.admin.counts().await.ok();
         let settled = counts.as_ref().map(|c| c.done + c.dead).unwrap_or(0);
         // Faults until 90% has settled (and at least MIN_KILLS kills), so
         // that the run ends with every worker up.
@@ -420,7 +266,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     workers.stop_all();
 
     let checked = verify(&backends, &mock, &schedule).await?;
-    let letters = backends.claims.dead_letters(i64::MAX).await?;
+    let letters = backends.admin.dead_letters(i64::MAX).await?;
     report.effects = checked.effects;
     report.expected_effects = checked.expected_effects;
     report.double_effects = checked.double_effects;

@@ -10,8 +10,6 @@
 //! message. When the queue has drained it counts effects in the store and
 //! at the mock, and checks that none is doubled and no message is lost.
 
-pub mod mock;
-
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,15 +17,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::app::Pool;
-use crate::capabilities::CrashInjector;
+use crate::claim::ClaimState;
 use crate::config::{Config, EndpointConfig, OutagePolicy, PluginConfig, RetryConfig, WorkerConfig};
-use crate::envelope::Envelope;
+use crate::hooks::{CrashInjector, Hooks};
+use crate::tools::kit::Mock;
 use crate::worker::WorkerOptions;
-use mock::Mock;
+use schedule::Kind;
+pub use schedule::Schedule;
+
+mod schedule;
 
 /// Arguments of `idem demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -109,20 +110,6 @@ impl DemoReport {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Payment,
-    Grant,
-    Order,
-    Poison,
-}
-
-struct Planned {
-    envelope: Envelope,
-    kind: Kind,
-    reference: String,
-}
-
 /// The demo's configuration: short leases and a visibility timeout shorter
 /// than the slowest handler, so redeliveries happen during the run.
 pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurrency: usize) -> Config {
@@ -187,148 +174,6 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
     config
 }
 
-/// What a run publishes: messages, their duplicates, and which are slow,
-/// flaky (at the mock) or crash (in-process fault injection).
-pub struct Schedule {
-    planned: Vec<Planned>,
-    now_batch: Vec<Envelope>,
-    late_batch: Vec<Envelope>,
-    /// Keys whose first execution "crashes" after the charge was journaled.
-    pub crash_keys: HashSet<String>,
-}
-
-impl Schedule {
-    /// A seeded schedule of `messages` distinct messages (one poison), with
-    /// ~10% duplicated; marks slow and flaky references at the mock.
-    pub fn new(messages: usize, seed: u64, mock: &Mock) -> Schedule {
-        Self::build(messages, seed, mock, |rng| {
-            let roll: f64 = rng.random();
-            if roll < 0.05 {
-                (1, 0)
-            } else if roll < 0.10 {
-                (0, 1)
-            } else {
-                (0, 0)
-            }
-        })
-    }
-
-    /// The chaos schedule: every message published 1 to 3 times; each extra
-    /// copy either right behind the first (concurrent) or a few seconds
-    /// later.
-    pub fn chaos(messages: usize, seed: u64, mock: &Mock) -> Schedule {
-        Self::build(messages, seed, mock, |rng| {
-            let extra = rng.random_range(0..=2u32);
-            let now = (0..extra).filter(|_| rng.random::<bool>()).count() as u32;
-            (now, extra - now)
-        })
-    }
-
-    /// Publishes beyond one per message.
-    pub fn duplicates(&self) -> u64 {
-        (self.now_batch.len() + self.late_batch.len()) as u64 - self.messages()
-    }
-
-    fn build(messages: usize, seed: u64, mock: &Mock, mut copies: impl FnMut(&mut rand::rngs::StdRng) -> (u32, u32)) -> Schedule {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let planned = plan(messages, &mut rng);
-        let mut crash_keys = HashSet::new();
-        {
-            let mut s = mock.state.lock().expect("mock state poisoned");
-            for p in &planned {
-                if matches!(p.kind, Kind::Payment | Kind::Order) {
-                    let roll: f64 = rng.random();
-                    if roll < 0.04 {
-                        s.slow.insert(p.reference.clone());
-                    } else if roll < 0.08 {
-                        s.flaky.insert(p.reference.clone(), 1);
-                    } else if roll < 0.08 + if p.kind == Kind::Order { 0.06 } else { 0.03 } {
-                        crash_keys.insert(p.reference.clone());
-                    }
-                }
-            }
-        }
-        // Extra copies right behind the first run concurrently with it;
-        // late ones arrive after it is (usually) done.
-        let mut now_batch = Vec::new();
-        let mut late_batch = Vec::new();
-        for p in &planned {
-            now_batch.push(p.envelope.clone());
-            let (now, late) = copies(&mut rng);
-            for _ in 0..now {
-                now_batch.push(p.envelope.clone());
-            }
-            for _ in 0..late {
-                late_batch.push(p.envelope.clone());
-            }
-        }
-        Schedule {
-            planned,
-            now_batch,
-            late_batch,
-            crash_keys,
-        }
-    }
-
-    /// Distinct messages.
-    pub fn messages(&self) -> u64 {
-        self.planned.len() as u64
-    }
-
-    /// Publish everything; returns the number of publishes.
-    pub async fn publish(&self, broker: &dyn crate::broker::Broker) -> Result<u64> {
-        for chunk in self.now_batch.chunks(500) {
-            broker.publish(chunk, Duration::ZERO).await?;
-        }
-        for chunk in self.late_batch.chunks(500) {
-            broker.publish(chunk, Duration::from_secs(2)).await?;
-        }
-        Ok((self.now_batch.len() + self.late_batch.len()) as u64)
-    }
-}
-
-fn plan(messages: usize, rng: &mut rand::rngs::StdRng) -> Vec<Planned> {
-    let poison_at = messages / 2;
-    (0..messages)
-        .map(|i| {
-            let (kind, handler, reference, payload) = if i == poison_at {
-                (Kind::Poison, "poison", format!("poison-{i}"), serde_json::json!({ "mode": "trap" }))
-            } else {
-                match i % 10 {
-                    0..=3 => {
-                        let r = format!("pay-{i}");
-                        let p = serde_json::json!({ "payment_id": r, "customer": format!("cust-{}", i % 97), "amount_cents": 100 + i });
-                        (Kind::Payment, "record-payment", r, p)
-                    }
-                    4..=6 => {
-                        let r = format!("user-{i}");
-                        let p = serde_json::json!({ "user": r, "balance": rng.random_range(0..10_000) });
-                        (Kind::Grant, "grant-credits", r, p)
-                    }
-                    _ => {
-                        let r = format!("ord-{i}");
-                        let p = serde_json::json!({
-                            "order_id": r, "customer": format!("cust-{}", i % 97), "email": format!("c{i}@example.com"),
-                            "sku": format!("sku-{}", i % 13), "quantity": 1 + i % 3, "amount_cents": 500 + i,
-                        });
-                        (Kind::Order, "fulfil-order", r, p)
-                    }
-                }
-            };
-            Planned {
-                envelope: Envelope {
-                    id: format!("msg-{i}"),
-                    handler: handler.into(),
-                    headers: vec![("source".into(), "idem-demo".into())],
-                    payload: serde_json::to_vec(&payload).expect("JSON"),
-                },
-                kind,
-                reference,
-            }
-        })
-        .collect()
-}
-
 /// Run the demo and return its report (no printing).
 pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> Result<DemoReport> {
     let started = Instant::now();
@@ -359,13 +204,13 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
         Arc::new(move |_plugin: &str, key: &str, attempt: u32, step: &str| attempt == 1 && step == "charge" && keys.contains(key))
     };
     let options = WorkerOptions::from_config(&config);
-    let pool = Pool::start_with(&config, options, Some(injector)).await?;
+    let pool = Pool::start_with(&config, options, Hooks::crashing(injector)).await?;
     mock.watch_journal(pool.backends.claims.clone());
     let published = schedule.publish(pool.backends.broker.as_ref()).await?;
 
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
     loop {
-        let counts = pool.backends.claims.counts().await?;
+        let counts = pool.backends.admin.counts().await?;
         if let Some(bar) = progress {
             bar.set_position((counts.done + counts.dead).min(args.messages as u64));
         }
@@ -423,7 +268,7 @@ pub async fn verify(backends: &crate::backend::Backends, mock: &Mock, schedule: 
         })
         .map(|(k, _)| k)
         .collect();
-    let letters = backends.claims.dead_letters(i64::MAX).await?;
+    let letters = backends.admin.dead_letters(i64::MAX).await?;
     let dead: HashSet<(String, String)> = letters.iter().map(|d| (d.plugin.clone(), d.key.clone())).collect();
     let mut report = DemoReport {
         messages: schedule.messages(),
@@ -435,9 +280,9 @@ pub async fn verify(backends: &crate::backend::Backends, mock: &Mock, schedule: 
             Kind::Grant | Kind::Poison => p.envelope.id.as_str(),
             _ => key,
         };
-        let state = backends.claims.state(plugin, claim_key).await?;
-        let settled = state.as_deref() == Some("done")
-            || (state.as_deref() == Some("dead") && dead.contains(&(plugin.to_string(), claim_key.to_string())));
+        let state = backends.admin.state(plugin, claim_key).await?;
+        let settled = state == Some(ClaimState::Done)
+            || (state == Some(ClaimState::Dead) && dead.contains(&(plugin.to_string(), claim_key.to_string())));
         if !settled {
             report.lost += 1;
         }

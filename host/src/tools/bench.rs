@@ -29,9 +29,10 @@ use serde::Serialize;
 use crate::app::Pool;
 use crate::config::{BrokerKind, Config, PluginConfig, StoreKind};
 use crate::envelope::Envelope;
-use crate::observe::percentile;
+use crate::hooks::{Hooks, OnDone};
 use crate::runtime::native::{GrantCredits, NativeHandler, Noop};
-use crate::worker::{OnDone, WorkerOptions};
+use crate::worker::percentile;
+use crate::worker::WorkerOptions;
 
 /// The header carrying a latency message's publish time (µs since the epoch).
 const PUBLISHED_AT: &str = "bench-published-us";
@@ -353,7 +354,7 @@ async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) ->
     let config = scenario_config(args, scenario, dir.path());
     let (plugin, _, _) = plugin_of(scenario);
     let result = measure(args, &config, scenario, plugin, handler).await;
-    crate::chaos::cleanup(&config).await;
+    crate::tools::chaos::cleanup(&config).await;
     result
 }
 
@@ -367,22 +368,26 @@ async fn measure(args: &BenchArgs, config: &Config, scenario: Scenario, plugin: 
         }
     }
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.latency_messages)));
-    let mut options = WorkerOptions::from_config(config);
+    let options = WorkerOptions::from_config(config);
     let sink = latencies.clone();
-    options.on_done = Some(OnDone(Arc::new(move |e: &Envelope| {
+    let on_done: OnDone = Arc::new(move |e: &Envelope| {
         if let Some((_, t)) = e.headers.iter().find(|(k, _)| k == PUBLISHED_AT) {
             if let Ok(t) = t.parse::<i64>() {
                 sink.lock().expect("latency sink poisoned").push((now_us() - t) as f64 / 1000.0);
             }
         }
-    })));
+    });
+    let hooks = Hooks {
+        on_done: Some(on_done),
+        ..Hooks::default()
+    };
     let natives: Vec<(String, Arc<dyn NativeHandler>)> = match (handler, plugin) {
         ("native", "noop") => vec![(plugin.to_string(), Arc::new(Noop))],
         ("native", _) => vec![(plugin.to_string(), Arc::new(GrantCredits))],
         _ => Vec::new(),
     };
     reset_peak_rss();
-    let pool = Pool::start_native(config, options, None, natives).await?;
+    let pool = Pool::start_native(config, options, hooks, natives).await?;
     let cpu0 = cpu_seconds();
     let started = Instant::now();
     wait_done(&pool, n as u64, Duration::from_secs(600)).await?;

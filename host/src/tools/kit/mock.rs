@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use tokio::sync::Notify;
 
@@ -67,7 +67,14 @@ pub struct Mock {
 impl Mock {
     /// Start on an ephemeral port of 127.0.0.1.
     pub async fn start(slow_for: Duration) -> anyhow::Result<Mock> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on("127.0.0.1:0", slow_for).await
+    }
+
+    /// Start on `addr` (`host:port`).
+    pub async fn start_on(addr: &str, slow_for: Duration) -> anyhow::Result<Mock> {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            anyhow::anyhow!("cannot listen on {addr}: {e} (is another mock or service using the port? pick another with --listen)")
+        })?;
         let addr = listener.local_addr()?;
         let mock = Mock {
             addr,
@@ -77,7 +84,10 @@ impl Mock {
             arrived: Arc::new(Notify::new()),
             journal: Arc::new(Mutex::new(None)),
         };
-        let app = Router::new().route("/{api}", post(handle)).with_state(mock.clone());
+        let app = Router::new()
+            .route("/counts", get(counts))
+            .route("/{api}", post(handle))
+            .with_state(mock.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -137,6 +147,37 @@ impl Mock {
             .copied()
             .unwrap_or(0)
     }
+}
+
+/// What `GET /counts` answers.
+#[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Counts {
+    /// Requests received, retries included.
+    pub requests: u64,
+    /// Effects performed (first request of each idempotency key).
+    pub effects: u64,
+    /// Effects performed more than once for the same (api, reference).
+    pub double_effects: u64,
+    /// Requests refused for carrying no `Idempotency-Key`.
+    pub unkeyed: u64,
+}
+
+impl Mock {
+    /// The counts `GET /counts` answers.
+    pub fn counts(&self) -> Counts {
+        let double_effects = self.double_effects();
+        let s = self.state.lock().expect("mock state poisoned");
+        Counts {
+            requests: s.requests.values().map(|&n| n as u64).sum::<u64>() + s.unkeyed as u64,
+            effects: s.performed.values().map(|&n| n as u64).sum(),
+            double_effects,
+            unkeyed: s.unkeyed as u64,
+        }
+    }
+}
+
+async fn counts(State(mock): State<Mock>) -> axum::Json<Counts> {
+    axum::Json(mock.counts())
 }
 
 async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: HeaderMap, body: String) -> Response {

@@ -25,25 +25,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::backend::{self, Backends};
+use crate::capabilities::Execution;
 use crate::capabilities::{effects::Endpoints, Capabilities, Grants};
 use crate::claim::{ClaimOutcome, ClaimRef, ClaimRequest};
 use crate::config::{Config, EndpointConfig, PluginConfig, StoreKind};
-use crate::demo::mock::Mock;
 use crate::envelope::{derive_key, payload_hash};
 use crate::now_ms;
-use crate::runtime::{Execution, Outcome, Plugin, Runtime};
+use crate::runtime::{Outcome, Plugin, Runtime};
 use crate::stats::Counters;
+use crate::tools::kit::Mock;
 
 /// `idem verify`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct VerifyArgs {
     /// A plugin name from the configuration, or a component file.
     pub plugin: String,
-    /// Messages to try, one JSON object per line: {"payload": ...} with
-    /// optional "id" and "headers" (the format of `idem publish --file`).
+    /// Messages to try: a message file (JSON Lines, {"payload": ...} with
+    /// optional "id", "handler" and "headers" as [["name", "value"]]), the
+    /// format `idem publish --file` reads. Every line runs through this
+    /// plugin.
     #[arg(long)]
     pub input: PathBuf,
     /// Configuration naming the plugin's grants, limits and key pointer.
@@ -60,17 +63,6 @@ pub struct VerifyArgs {
     /// Print the report as JSON (last line).
     #[arg(long)]
     pub json: bool,
-}
-
-/// One message to try.
-#[derive(Debug, Clone, Deserialize)]
-struct InputLine {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    headers: Vec<(String, String)>,
-    #[serde(with = "crate::envelope::payload_json")]
-    payload: Vec<u8>,
 }
 
 /// One message to try, as read from the input file.
@@ -134,7 +126,7 @@ pub async fn main(args: VerifyArgs) -> Result<ExitCode> {
         None => Config::default(),
     };
     let (name, plugin_config) = resolve_plugin(&config, &args)?;
-    let messages = read_input(&args.input)?;
+    let messages = read_input(&args.input, &name)?;
     let report = verify(&config, &name, &plugin_config, messages).await?;
     for f in &report.findings {
         println!("NOT IDEMPOTENT  message {} (key {}): {}: {}", f.msg_id, f.key, f.kind, f.detail);
@@ -193,30 +185,17 @@ fn resolve_plugin(config: &Config, args: &VerifyArgs) -> Result<(String, PluginC
     ))
 }
 
-fn read_input(file: &Path) -> Result<Vec<Input>> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let m: InputLine = serde_json::from_str(line).with_context(|| {
-            format!(
-                "{}:{}: not a message; expected {{\"payload\": ..., \"id\": ...}}",
-                file.display(),
-                i + 1
-            )
-        })?;
-        out.push(Input {
-            id: m.id.unwrap_or_else(|| format!("line-{}", i + 1)),
-            headers: m.headers,
-            payload: m.payload,
-        });
-    }
-    if out.is_empty() {
-        bail!("{} holds no messages", file.display());
-    }
-    Ok(out)
+/// The messages of a message file (see [`crate::message_file`]); the plugin
+/// under test handles every line.
+fn read_input(file: &Path, plugin: &str) -> Result<Vec<Input>> {
+    Ok(crate::message_file::read(file, Some(plugin))?
+        .into_iter()
+        .map(|e| Input {
+            id: e.id,
+            headers: e.headers,
+            payload: e.payload,
+        })
+        .collect())
 }
 
 /// A scratch store: its own SQLite file, claims and data together.
@@ -238,7 +217,7 @@ impl Scratch {
             claims: backends.claims.clone(),
             effects: endpoints,
             counters: Arc::new(Counters::default()),
-            crash_injector: None,
+            hooks: Default::default(),
         });
         Ok(Scratch { backends, caps })
     }
@@ -322,12 +301,12 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
         payload,
     } in messages
     {
-        let envelope = crate::envelope::Envelope {
+        let envelope = Arc::new(crate::envelope::Envelope {
             id: msg_id.clone(),
             handler: name.to_string(),
-            headers: headers.clone(),
-            payload: payload.clone(),
-        };
+            headers,
+            payload,
+        });
         let key = derive_key(&envelope, plugin.key_pointer.as_deref()).map_err(|e| anyhow::anyhow!("message {msg_id}: {e}"))?;
         let mut find = |kind: &str, detail: String| {
             findings.push(Finding {
@@ -338,11 +317,9 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
             })
         };
         let exec = |claim: &ClaimRef, attempt: u32| Execution {
-            msg_id: msg_id.clone(),
+            envelope: envelope.clone(),
             key: key.clone(),
             attempt,
-            headers: headers.clone(),
-            payload: payload.clone(),
             claim: Some(claim.clone()),
             interrupt: Arc::new(AtomicBool::new(false)),
         };
@@ -350,7 +327,7 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
         // Twice in a row: the first run's claim is released unconfirmed.
         let s0 = seq.snapshot(collections).await?;
         let c0 = calls();
-        let (claim, attempt) = seq.claim(&plugin, &msg_id, &key, &payload).await?;
+        let (claim, attempt) = seq.claim(&plugin, &msg_id, &key, &envelope.payload).await?;
         let first = runtime.execute(&seq.caps, &plugin, exec(&claim, attempt)).await;
         let now = now_ms();
         seq.backends
@@ -359,7 +336,7 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
             .await?;
         let s1 = seq.snapshot(collections).await?;
         let c1 = calls();
-        let (claim, attempt) = seq.claim(&plugin, &msg_id, &key, &payload).await?;
+        let (claim, attempt) = seq.claim(&plugin, &msg_id, &key, &envelope.payload).await?;
         let second = runtime.execute(&seq.caps, &plugin, exec(&claim, attempt)).await;
         seq.backends.claims.confirm(&[claim], now_ms()).await?;
         let s2 = seq.snapshot(collections).await?;
@@ -393,7 +370,7 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
 
         // Twice at once, under one claim.
         let y0 = conc.snapshot(collections).await?;
-        let (claim, attempt) = conc.claim(&plugin, &msg_id, &key, &payload).await?;
+        let (claim, attempt) = conc.claim(&plugin, &msg_id, &key, &envelope.payload).await?;
         let (a, b) = tokio::join!(
             runtime.execute(&conc.caps, &plugin, exec(&claim, attempt)),
             runtime.execute(&conc.caps, &plugin, exec(&claim, attempt + 1)),

@@ -1,0 +1,2 @@
+-- ?1 id
+DELETE FROM dead_letters WHERE id = ?1

@@ -1,0 +1,2 @@
+-- Messages not yet acked, visible or in flight.
+SELECT COUNT(*) FROM queue

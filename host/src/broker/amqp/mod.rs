@@ -1,0 +1,222 @@
+//! RabbitMQ broker (AMQP 0-9-1): manual acks, prefetch, publisher confirms,
+//! TTL delay queues and a dead-letter exchange.
+//!
+//! Topology, declared by [`AmqpBroker::connect`] (idempotent, all durable):
+//! ```text
+//! publish(delay 0) ─────────▶ {ns}.queue ──consume (prefetch, manual ack)──▶ fetch
+//!                                ▲   └─ rejected without requeue ─▶ {ns}.dead (fanout exchange) ─▶ {ns}.dead (queue)
+//! publish(delay > 0) ─▶ {ns}.delay.{ms} (x-message-ttl = ms)
+//! nack(delay > 0)    ─▶    └─ expires ─▶ dead-lettered through the default exchange back to {ns}.queue
+//! ```
+//! Idem itself never rejects a delivery (its dead letters go to the claim
+//! store, then the delivery is acked); `{ns}.dead` keeps what is rejected
+//! or dead-lettered by anything else (another client, an operator, a queue
+//! limit) instead of dropping it.
+//!
+//! How RabbitMQ's model maps onto the [`Broker`] contract:
+//! - **No visibility timeout.** A delivery stays with the channel that
+//!   received it until it is acked, or until that channel or its connection
+//!   closes; then the server requeues it (with `redelivered` set) for another
+//!   consumer. A worker that dies therefore gives its deliveries back when its
+//!   TCP connection drops (at once on a crash, after the heartbeat timeout on
+//!   a network partition). The server's `consumer_timeout` (30 min by
+//!   default) closes a channel that holds one delivery longer than that; raise
+//!   it for handlers that run longer. So `fetch` ignores `visibility` and
+//!   `extend` has nothing to do; [`Broker::semantics`] says so
+//!   ([`Visibility::UntilDisconnect`]).
+//! - **Prefetch.** The server pushes up to 256 deliveries to this consumer
+//!   ahead of `fetch`; they are invisible to other consumers while they wait
+//!   here, exactly like fetched ones.
+//! - **Delays.** RabbitMQ has no per-message "visible at". A message waits in
+//!   a delay queue whose TTL expires it back into the main queue. TTLs expire
+//!   only at the head of a queue, so each delay queue has one fixed TTL (then
+//!   queue order is expiry order) and a delay rounds up to the next bucket
+//!   (50 ms, 250 ms, 1 s, 5 s, 30 s, 2 min, 10 min; the largest for anything
+//!   longer).
+//! - **Delivery count.** AMQP only says "redelivered or not": a first
+//!   delivery counts 1, a redelivered one 2. A copy republished by `nack`
+//!   carries an `idem-deliveries` header one higher than the delivery it
+//!   replaces; the count is the larger of the two. Idem counts attempts in
+//!   its claim store, so this number is informational.
+//! - **Receipts** are `{epoch}.{delivery tag}`. Delivery tags are per channel
+//!   and restart at 1 on a new one; the epoch names the consumer channel, so
+//!   a receipt from before a reconnect can never ack a different message
+//!   that reuses its tag (the server already requeued the old one).
+//!
+//! Wire format: the body is the raw payload, `message_id` is the envelope id,
+//! the headers table carries `idem-handler` and the producer's headers as
+//! strings. Header names starting with `idem-` are reserved for Idem; a
+//! table has one value per name, ordered by name.
+//!
+//! The files follow that model: `topology` declares the queues, `link`
+//! holds the connections and publishes with confirms, `consume` takes what
+//! the server pushes, `settle` acks and gives deliveries back, `wire` maps
+//! envelopes onto AMQP messages.
+
+mod consume;
+mod link;
+mod settle;
+mod topology;
+mod wire;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use self::link::{Link, CONNECT_TIMEOUT};
+use self::topology::Names;
+use self::wire::properties;
+use super::{Broker, BrokerError, Semantics, Visibility};
+use crate::envelope::{Delivery, Envelope};
+
+/// A queue on a RabbitMQ server.
+///
+/// Two connections per broker: one with a publishing channel (publisher
+/// confirms), one with a consuming channel (prefetch, manual acks). When
+/// either fails, the next `fetch`, `publish` or `pending` opens new ones;
+/// the server has requeued what the old consumer held, and receipts from it
+/// have no effect any more. Dropping the broker closes the connections,
+/// which hands every unacked delivery back to the server.
+pub struct AmqpBroker {
+    url: String,
+    names: Names,
+    link: RwLock<Arc<Link>>,
+    /// One reconnect at a time.
+    reconnecting: tokio::sync::Mutex<()>,
+}
+
+impl AmqpBroker {
+    /// Delete a namespace's queues and exchange (tests and chaos runs).
+    pub async fn delete_namespace(url: &str, namespace: &str) -> anyhow::Result<()> {
+        topology::delete(url, &Names::new(namespace)).await
+    }
+
+    /// Connect to the server at `url` (`amqp://user:password@host:port/vhost`,
+    /// vhost `/` written `%2f`) and declare the queues and exchange of
+    /// `namespace` (idempotent; workers sharing a namespace share them).
+    pub async fn connect(url: &str, namespace: &str) -> anyhow::Result<Self> {
+        let names = Names::new(namespace);
+        let link = Link::open(url, &names, 1).await?;
+        Ok(AmqpBroker {
+            url: url.to_string(),
+            names,
+            link: RwLock::new(Arc::new(link)),
+            reconnecting: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The current link, as it is (for acks: a new link could not ack
+    /// deliveries of the old one anyway).
+    fn current(&self) -> Arc<Link> {
+        self.link.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The current link, replaced first if it failed.
+    async fn link(&self) -> Result<Arc<Link>, BrokerError> {
+        let link = self.current();
+        if link.healthy() {
+            return Ok(link);
+        }
+        let _one = self.reconnecting.lock().await;
+        let old = self.current();
+        if old.healthy() {
+            return Ok(old);
+        }
+        let epoch = old.epoch + 1;
+        let fresh = Arc::new(
+            Link::open(&self.url, &self.names, epoch)
+                .await
+                .map_err(|e| BrokerError::Unavailable(format!("{e:#}")))?,
+        );
+        *self.link.write().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        tracing::warn!(
+            epoch,
+            "reconnected to RabbitMQ; deliveries held by the old connection are redelivered"
+        );
+        // Close the old connections now, so the server requeues what the
+        // consumer still held at once rather than when it notices the silence.
+        tokio::spawn(async move {
+            for connection in [&old.consuming, &old.publishing] {
+                let close = connection.close(200, "Idem reconnected".into());
+                let _ = tokio::time::timeout(CONNECT_TIMEOUT, close).await;
+            }
+        });
+        Ok(fresh)
+    }
+}
+
+#[async_trait]
+impl Broker for AmqpBroker {
+    /// Publish persistent messages to the main queue (no delay) or to the
+    /// delay bucket at or above `delay`, and return once the server has
+    /// confirmed every one of them.
+    async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        // All or none are malformed before anything is sent.
+        let properties = envelopes.iter().map(properties).collect::<Result<Vec<_>, _>>()?;
+        let link = self.link().await?;
+        let route = self.names.route(delay);
+        // Send the whole batch, then wait: the confirms arrive together.
+        let mut confirms = Vec::with_capacity(envelopes.len());
+        for (e, p) in envelopes.iter().zip(properties) {
+            confirms.push(link.send(route, &e.payload, p).await?);
+        }
+        for confirm in confirms {
+            link.confirmed(confirm, route).await?;
+        }
+        Ok(())
+    }
+
+    /// Hand out up to `max` deliveries the server has pushed to this
+    /// consumer, waiting at most 100 ms for the first. `visibility` has no
+    /// AMQP equivalent (see the module docs): a delivery stays with this
+    /// connection until it is acked or the connection closes.
+    async fn fetch(&self, max: usize, _visibility: Duration) -> Result<Vec<Delivery>, BrokerError> {
+        self.take(max).await
+    }
+
+    /// `basic.ack` the deliveries. One `multiple` ack when the receipts are
+    /// every unacked delivery up to the highest of them, single acks
+    /// otherwise. Receipts from a closed connection have no effect: the
+    /// server has requeued those messages already.
+    async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError> {
+        self.settle(receipts).await
+    }
+
+    /// Make the delivery visible again after `delay`. Zero: `basic.nack`
+    /// with requeue. Otherwise a copy goes to the delay bucket at or above
+    /// `delay` and the original is acked only once the copy is confirmed, so
+    /// the message exists somewhere at every moment (a crash in between
+    /// leaves two copies, which the claim store answers as a duplicate).
+    async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
+        self.give_back(receipt, delay).await
+    }
+
+    /// Nothing to extend: RabbitMQ has no per-delivery visibility timeout.
+    /// A delivery stays with this connection until it is acked or the
+    /// connection closes (bounded by the server's `consumer_timeout`).
+    async fn extend(&self, _receipts: &[&str], _visibility: Duration) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
+    /// Messages ready in the main queue and the delay queues, plus the
+    /// deliveries this broker holds (pushed or fetched, not acked). Other
+    /// consumers' unacked deliveries are not visible through AMQP, so with
+    /// several workers this counts what is left for all of them plus what
+    /// this one holds.
+    async fn pending(&self) -> Result<u64, BrokerError> {
+        self.count().await
+    }
+
+    /// No visibility timeout: deliveries are held until their connection
+    /// closes.
+    fn semantics(&self) -> Semantics {
+        Semantics {
+            visibility: Visibility::UntilDisconnect,
+            early_fetches_count: false,
+        }
+    }
+}

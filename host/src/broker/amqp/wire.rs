@@ -1,0 +1,176 @@
+//! Wire format: how an envelope travels as an AMQP message (see the module
+//! docs of [`super`]), receipts, and error texts.
+
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::BasicProperties;
+
+use super::settle::Held;
+use crate::broker::BrokerError;
+use crate::envelope::{Delivery, Envelope};
+
+const HANDLER_HEADER: &str = "idem-handler";
+const DELIVERIES_HEADER: &str = "idem-deliveries";
+
+/// Headers RabbitMQ adds when it dead-letters a message (here: each time a
+/// delay expires). They are the server's, not the producer's, and a copy
+/// republished by `nack` must not accumulate them.
+const SERVER_HEADERS: [&str; 8] = [
+    "x-death",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+    "x-delivery-count",
+];
+
+/// AMQP delivery mode 2: the server writes the message to disk (in a
+/// durable queue) before it confirms it.
+const PERSISTENT: u8 = 2;
+
+/// The AMQP properties that carry an envelope.
+pub(super) fn properties(e: &Envelope) -> Result<BasicProperties, BrokerError> {
+    let id = ShortString::try_new(e.id.as_str()).map_err(|_| {
+        BrokerError::Unavailable(format!(
+            "message id of {} bytes does not fit AMQP's message_id (255 bytes at most): use a shorter id",
+            e.id.len()
+        ))
+    })?;
+    let mut headers = FieldTable::default();
+    for (name, value) in &e.headers {
+        let name = ShortString::try_new(name.as_str()).map_err(|_| {
+            BrokerError::Unavailable(format!(
+                "header name of {} bytes does not fit an AMQP table (255 bytes at most): use a shorter name",
+                name.len()
+            ))
+        })?;
+        headers.insert(name, string_value(value));
+    }
+    headers.insert(HANDLER_HEADER.into(), string_value(&e.handler));
+    Ok(BasicProperties::default()
+        .with_message_id(id)
+        .with_delivery_mode(PERSISTENT)
+        .with_headers(headers))
+}
+
+/// The properties of a copy republished by `nack`: the same, with the
+/// delivery count it stands for and without the server's dead-letter trail.
+pub(super) fn copy_properties(properties: BasicProperties, deliveries: u32) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    if let Some(old) = properties.headers() {
+        for (name, value) in old {
+            if !SERVER_HEADERS.contains(&name.as_str()) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    headers.insert(DELIVERIES_HEADER.into(), AMQPValue::LongUInt(deliveries));
+    properties.with_headers(headers).with_delivery_mode(PERSISTENT)
+}
+
+/// An AMQP delivery as Idem's [`Delivery`], and what `nack` needs to keep.
+/// Never fails: a delivery without Idem's headers becomes one with an empty
+/// handler (or id), which the worker dead-letters as bad input.
+pub(super) fn convert(d: AmqpDelivery, epoch: u64) -> (Delivery, (u64, Held)) {
+    let mut handler = String::new();
+    let mut counted = 0u32;
+    let mut headers = Vec::new();
+    if let Some(table) = d.properties.headers() {
+        for (name, value) in table {
+            match name.as_str() {
+                HANDLER_HEADER => handler = value_string(value),
+                DELIVERIES_HEADER => counted = value_string(value).parse().unwrap_or(0),
+                n if n.starts_with("idem-") || SERVER_HEADERS.contains(&n) => {}
+                n => headers.push((n.to_string(), value_string(value))),
+            }
+        }
+    }
+    let delivery_count = (if d.redelivered { 2 } else { 1 }).max(counted);
+    let id = d.properties.message_id().as_ref().map(|s| s.to_string()).unwrap_or_default();
+    let delivery = Delivery {
+        envelope: Envelope {
+            id,
+            handler,
+            headers,
+            payload: d.data.clone(),
+        },
+        receipt: format!("{epoch}.{}", d.delivery_tag),
+        delivery_count,
+    };
+    let held = Held {
+        properties: d.properties,
+        body: d.data,
+        deliveries: delivery_count,
+        settling: false,
+    };
+    (delivery, (d.delivery_tag, held))
+}
+
+pub(super) fn string_value(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+/// A header value as a string, whatever type a foreign producer gave it.
+fn value_string(v: &AMQPValue) -> String {
+    match v {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.to_string(),
+        AMQPValue::ByteArray(b) => String::from_utf8_lossy(b.as_slice()).into_owned(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::ShortShortInt(n) => n.to_string(),
+        AMQPValue::ShortShortUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::ShortUInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::Timestamp(n) => n.to_string(),
+        AMQPValue::Float(n) => n.to_string(),
+        AMQPValue::Double(n) => n.to_string(),
+        AMQPValue::Void => String::new(),
+        other => format!("{other:?}"),
+    }
+}
+
+pub(super) fn parse_receipt(receipt: &str) -> Result<(u64, u64), BrokerError> {
+    let malformed = || BrokerError::Unavailable(format!("malformed receipt {receipt:?}"));
+    let (epoch, tag) = receipt.split_once('.').ok_or_else(malformed)?;
+    Ok((epoch.parse().map_err(|_| malformed())?, tag.parse().map_err(|_| malformed())?))
+}
+
+pub(super) fn unavailable(what: &str, e: lapin::Error) -> BrokerError {
+    BrokerError::Unavailable(format!("RabbitMQ {what}: {e}"))
+}
+
+/// The URL without its password, for error messages and logs.
+pub(super) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receipts_and_redaction() {
+        assert_eq!(parse_receipt("3.17").unwrap(), (3, 17));
+        assert!(parse_receipt("17").is_err());
+        assert!(parse_receipt("a.b").is_err());
+        assert_eq!(redact("amqp://guest:secret@h:5672/%2f"), "amqp://guest:***@h:5672/%2f");
+        assert_eq!(redact("amqp://h:5672/%2f?x=a@b"), "amqp://h:5672/%2f?x=a@b");
+        assert_eq!(redact("amqp://user@h"), "amqp://user@h");
+    }
+}

@@ -1,0 +1,112 @@
+//! `idem:handler/store`: grant and size checks, then the data store with
+//! the execution's fence.
+
+use super::{too_large, ExecutionCaps, HostAbort};
+use crate::bindings::idem::handler::store::{self as wit_store, StoreError};
+use crate::stats::Counters;
+use crate::store::{DataError, Inserted};
+
+/// A guest-visible answer, or the reason the host stops the execution.
+pub type Checked<T> = Result<Result<T, StoreError>, HostAbort>;
+
+impl ExecutionCaps {
+    /// Map a data-store failure: a stale fence stops the execution, an
+    /// outage is reported to the handler.
+    fn data_error(&mut self, e: DataError) -> Result<StoreError, HostAbort> {
+        match e {
+            DataError::FenceLost { .. } => {
+                Counters::inc(&self.shared.counters.fence_rejections);
+                tracing::warn!(plugin = %self.plugin.name, key = %self.exec.key, "store write refused: fence is stale, interrupting the instance");
+                Err(self.stop(HostAbort::FenceLost))
+            }
+            DataError::Unavailable(m) => Ok(StoreError::Unavailable(m)),
+        }
+    }
+
+    fn check_write(&mut self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.enter_host();
+        if let Some(m) = self.collection_denied(collection) {
+            return Err(StoreError::AccessDenied(m));
+        }
+        if let Some(m) = too_large(&self.plugin, key, value) {
+            return Err(StoreError::TooLarge(m));
+        }
+        Ok(())
+    }
+
+    /// `store.insert-unique`, checked.
+    pub async fn store_insert_unique(&mut self, collection: &str, key: &str, value: &[u8]) -> Checked<Inserted> {
+        if let Err(e) = self.check_write(collection, key, value) {
+            return Ok(Err(e));
+        }
+        let data = self.shared.data.clone();
+        match data.insert_unique(self.exec.claim.as_ref(), collection, key, value).await {
+            Ok(inserted) => Ok(Ok(inserted)),
+            Err(e) => self.data_error(e).map(Err),
+        }
+    }
+
+    /// `store.upsert`, checked.
+    pub async fn store_upsert(&mut self, collection: &str, key: &str, value: &[u8]) -> Checked<()> {
+        if let Err(e) = self.check_write(collection, key, value) {
+            return Ok(Err(e));
+        }
+        let data = self.shared.data.clone();
+        match data.upsert(self.exec.claim.as_ref(), collection, key, value).await {
+            Ok(()) => Ok(Ok(())),
+            Err(e) => self.data_error(e).map(Err),
+        }
+    }
+
+    /// `store.get`, checked.
+    pub async fn store_get(&mut self, collection: &str, key: &str) -> Checked<Option<Vec<u8>>> {
+        self.enter_host();
+        if let Some(m) = self.collection_denied(collection) {
+            return Ok(Err(StoreError::AccessDenied(m)));
+        }
+        let data = self.shared.data.clone();
+        match data.get(collection, key).await {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) => self.data_error(e).map(Err),
+        }
+    }
+
+    /// `store.delete`, checked.
+    pub async fn store_delete(&mut self, collection: &str, key: &str) -> Checked<bool> {
+        self.enter_host();
+        if let Some(m) = self.collection_denied(collection) {
+            return Ok(Err(StoreError::AccessDenied(m)));
+        }
+        let data = self.shared.data.clone();
+        match data.delete(self.exec.claim.as_ref(), collection, key).await {
+            Ok(existed) => Ok(Ok(existed)),
+            Err(e) => self.data_error(e).map(Err),
+        }
+    }
+}
+
+impl wit_store::Host for ExecutionCaps {
+    async fn insert_unique(
+        &mut self,
+        collection: String,
+        key: String,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<wit_store::Inserted, StoreError>> {
+        Ok(self.store_insert_unique(&collection, &key, &value).await?.map(|i| match i {
+            Inserted::Inserted => wit_store::Inserted::Inserted,
+            Inserted::Existed(v) => wit_store::Inserted::Existed(v),
+        }))
+    }
+
+    async fn upsert(&mut self, collection: String, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), StoreError>> {
+        Ok(self.store_upsert(&collection, &key, &value).await?)
+    }
+
+    async fn get(&mut self, collection: String, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, StoreError>> {
+        Ok(self.store_get(&collection, &key).await?)
+    }
+
+    async fn delete(&mut self, collection: String, key: String) -> wasmtime::Result<Result<bool, StoreError>> {
+        Ok(self.store_delete(&collection, &key).await?)
+    }
+}

@@ -1,0 +1,95 @@
+//! What operators and tools ask of the claim store: states and counts,
+//! the dead letters (list, read, remove, revive for a replay) and
+//! readiness. Kept off the hot path's [`super::ClaimStore`].
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::{ClaimError, ClaimState};
+
+/// A dead-lettered message.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// Row id.
+    pub id: i64,
+    /// Plugin name.
+    pub plugin: String,
+    /// Idempotency key.
+    pub key: String,
+    /// Producer's message id.
+    pub msg_id: String,
+    /// Headers as delivered.
+    pub headers: Vec<(String, String)>,
+    /// Payload as delivered (serialized lossily as text).
+    #[serde(serialize_with = "lossy_text")]
+    pub payload: Vec<u8>,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// Executions made.
+    pub attempts: u32,
+    /// Content hash of the plugin.
+    pub plugin_version: Option<String>,
+    /// When the claim was first taken (ms).
+    pub first_seen_at: i64,
+    /// When it was dead-lettered (ms).
+    pub dead_at: i64,
+}
+
+fn lossy_text<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(bytes))
+}
+
+/// Headers as stored with a dead letter (JSON); unreadable ones are dropped.
+pub(crate) fn parse_headers(json: &str) -> Vec<(String, String)> {
+    serde_json::from_str(json).unwrap_or_default()
+}
+
+impl ClaimCounts {
+    /// Set the count of one state.
+    pub fn set(&mut self, state: ClaimState, n: u64) {
+        match state {
+            ClaimState::Running => self.running = n,
+            ClaimState::Retry => self.retry = n,
+            ClaimState::Done => self.done = n,
+            ClaimState::Dead => self.dead = n,
+        }
+    }
+}
+
+/// Counts by claim state.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ClaimCounts {
+    /// Claims held by a running execution.
+    pub running: u64,
+    /// Claims waiting for a retry.
+    pub retry: u64,
+    /// Claims done.
+    pub done: u64,
+    /// Claims dead-lettered.
+    pub dead: u64,
+    /// Dead-letter rows (includes input that was never claimed).
+    pub dead_letters: u64,
+}
+
+/// The claim store as `idem stats`, `idem dlq` and the HTTP endpoints see it.
+#[async_trait]
+pub trait ClaimAdmin: Send + Sync + 'static {
+    /// Answer if the store is reachable (readiness).
+    async fn ping(&self) -> Result<(), ClaimError>;
+    /// The state of one claim, if any.
+    async fn state(&self, plugin: &str, key: &str) -> Result<Option<ClaimState>, ClaimError>;
+    /// Counts by state.
+    async fn counts(&self) -> Result<ClaimCounts, ClaimError>;
+    /// Dead letters, newest first.
+    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError>;
+    /// One dead letter.
+    async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError>;
+    /// Delete dead-letter records; returns how many existed.
+    async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError>;
+    /// Give a dead claim a fresh start for a replay: state `retry`, no
+    /// attempts or traps counted, due now; only if it is dead and was taken
+    /// for this payload (`payload_hash`), so replaying a conflict's dead
+    /// letter never revives the claim of the other message. `false`
+    /// otherwise (done, running, never claimed, or another payload's).
+    async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError>;
+}

@@ -1,0 +1,128 @@
+//! [`super::ClaimAdmin`] for the SQL claim stores. SQLite and Postgres hold
+//! the same tables and answer the same questions; their statements differ
+//! only in placeholders, so each dialect keeps its own files under
+//! `queries/` and the code that runs them is written once here.
+
+/// Implement `ClaimAdmin` for a claim store with a `pool` field of a SQL
+/// database, reading statements from `queries/<dialect>/`.
+macro_rules! sql_claim_admin {
+    ($store:ty, $dialect:literal) => {
+        #[async_trait::async_trait]
+        impl $crate::claim::ClaimAdmin for $store {
+            async fn ping(&self) -> Result<(), $crate::claim::ClaimError> {
+                sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn state(&self, plugin: &str, key: &str) -> Result<Option<$crate::claim::ClaimState>, $crate::claim::ClaimError> {
+                let name: Option<String> = sqlx::query_scalar(include_str!(concat!("../../queries/", $dialect, "/admin_state.sql")))
+                    .bind(plugin)
+                    .bind(key)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                name.map(|n| $crate::claim::sql_admin::state(&n)).transpose()
+            }
+
+            async fn counts(&self) -> Result<$crate::claim::ClaimCounts, $crate::claim::ClaimError> {
+                use sqlx::Row;
+                let rows = sqlx::query(include_str!(concat!("../../queries/", $dialect, "/admin_counts.sql")))
+                    .fetch_all(&self.pool)
+                    .await?;
+                let mut c = $crate::claim::ClaimCounts::default();
+                for row in rows {
+                    let n = row.try_get::<i64, _>("n")? as u64;
+                    c.set($crate::claim::sql_admin::state(&row.try_get::<String, _>("state")?)?, n);
+                }
+                c.dead_letters = sqlx::query_scalar::<_, i64>(include_str!(concat!(
+                    "../../queries/",
+                    $dialect,
+                    "/admin_dead_letter_count.sql"
+                )))
+                .fetch_one(&self.pool)
+                .await? as u64;
+                Ok(c)
+            }
+
+            async fn dead_letters(&self, limit: i64) -> Result<Vec<$crate::claim::DeadLetter>, $crate::claim::ClaimError> {
+                let rows = sqlx::query(include_str!(concat!("../../queries/", $dialect, "/admin_dead_letters.sql")))
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.iter().map(dead_letter_row).collect::<Result<_, sqlx::Error>>()?)
+            }
+
+            async fn dead_letter_get(&self, id: i64) -> Result<Option<$crate::claim::DeadLetter>, $crate::claim::ClaimError> {
+                let row = sqlx::query(include_str!(concat!(
+                    "../../queries/",
+                    $dialect,
+                    "/admin_dead_letter_get.sql"
+                )))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(row.as_ref().map(dead_letter_row).transpose()?)
+            }
+
+            async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, $crate::claim::ClaimError> {
+                let mut tx = self.pool.begin().await?;
+                let mut removed = 0;
+                for id in ids {
+                    removed += sqlx::query(include_str!(concat!(
+                        "../../queries/",
+                        $dialect,
+                        "/admin_dead_letter_delete.sql"
+                    )))
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                }
+                tx.commit().await?;
+                Ok(removed)
+            }
+
+            async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, $crate::claim::ClaimError> {
+                let r = sqlx::query(include_str!(concat!("../../queries/", $dialect, "/claim_revive.sql")))
+                    .bind(plugin)
+                    .bind(key)
+                    .bind(now)
+                    .bind(payload_hash)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+        }
+
+        fn dead_letter_row<R: sqlx::Row>(row: &R) -> Result<$crate::claim::DeadLetter, sqlx::Error>
+        where
+            for<'c> &'c str: sqlx::ColumnIndex<R>,
+            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        {
+            Ok($crate::claim::DeadLetter {
+                id: row.try_get("id")?,
+                plugin: row.try_get("plugin")?,
+                key: row.try_get("key")?,
+                msg_id: row.try_get("msg_id")?,
+                headers: $crate::claim::admin::parse_headers(&row.try_get::<String, _>("headers")?),
+                payload: row.try_get("payload")?,
+                reason: row.try_get("reason")?,
+                attempts: row.try_get::<i64, _>("attempts")? as u32,
+                plugin_version: row.try_get("plugin_version")?,
+                first_seen_at: row.try_get("first_seen_at")?,
+                dead_at: row.try_get("dead_at")?,
+            })
+        }
+    };
+}
+
+pub(crate) use sql_claim_admin;
+
+/// The state a stored name stands for; an unknown name is a store error
+/// (a newer schema, or a row written by hand).
+pub(crate) fn state(name: &str) -> Result<super::ClaimState, super::ClaimError> {
+    super::ClaimState::parse(name)
+        .ok_or_else(|| super::ClaimError::Unavailable(format!("the claim store holds an unknown claim state {name:?}")))
+}

@@ -1,0 +1,167 @@
+//! Reading a configuration: the file, then `IDEM_*` overrides, then
+//! validation with errors that name the setting and the fix.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use super::*;
+
+impl Config {
+    /// Read and check a config file; relative plugin paths are resolved
+    /// against the file's directory. Environment variables override:
+    /// `IDEM_DATABASE_PATH`, `IDEM_WORKER_CONCURRENCY`.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}: check the --config path", path.display()))?;
+        let mut config: Config = toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for plugin in config.plugins.values_mut() {
+            if plugin.path.is_relative() {
+                plugin.path = base.join(&plugin.path);
+            }
+        }
+        if config.database.path.is_relative() && !base.as_os_str().is_empty() {
+            config.database.path = base.join(&config.database.path);
+        }
+        config.apply_env()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Apply `IDEM_*` environment overrides.
+    pub fn apply_env(&mut self) -> Result<()> {
+        if let Ok(v) = std::env::var("IDEM_NAMESPACE") {
+            self.namespace = v;
+        }
+        if let Ok(v) = std::env::var("IDEM_BROKER_URL") {
+            self.broker.url = Some(v);
+        }
+        if let Ok(v) = std::env::var("IDEM_CLAIMS_URL") {
+            self.claims.url = Some(v);
+        }
+        if let Ok(v) = std::env::var("IDEM_DATA_URL") {
+            self.data.url = Some(v);
+        }
+        if let Ok(v) = std::env::var("IDEM_DATABASE_PATH") {
+            self.database.path = PathBuf::from(v);
+        }
+        if let Ok(v) = std::env::var("IDEM_WORKER_CONCURRENCY") {
+            self.worker.concurrency = v
+                .parse()
+                .with_context(|| format!("IDEM_WORKER_CONCURRENCY={v:?} is not a number"))?;
+        }
+        Ok(())
+    }
+
+    /// Check the settings that would otherwise fail later and less clearly.
+    pub fn validate(&self) -> Result<()> {
+        let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+        if self.namespace.is_empty() || self.namespace.len() > 48 || !self.namespace.chars().all(valid) {
+            bail!(
+                "namespace must be 1 to 48 lowercase letters, digits and '_' (it names a Postgres schema, Redis keys, queues and streams), got {:?}",
+                self.namespace
+            );
+        }
+        match (self.claims.kind, self.data.kind) {
+            (StoreKind::Redis, StoreKind::Redis) | (_, StoreKind::Redis) => {
+                bail!("data.kind = \"redis\" is not supported: plugin data lives in sqlite or postgres")
+            }
+            (StoreKind::Sqlite, StoreKind::Postgres) | (StoreKind::Postgres, StoreKind::Sqlite) | (StoreKind::Redis, StoreKind::Sqlite) => {
+                bail!(
+                    "claims.kind = {:?} with data.kind = {:?} is not supported: use the same database for both, or redis claims with postgres data",
+                    self.claims.kind,
+                    self.data.kind
+                )
+            }
+            _ => {}
+        }
+        if self.broker.kind != BrokerKind::Sqlite {
+            self.broker.url()?;
+        }
+        if self.claims.kind != StoreKind::Sqlite {
+            self.claims.url("claims")?;
+        }
+        if self.data.kind != StoreKind::Sqlite {
+            self.data.url("data")?;
+        }
+        if self.worker.concurrency == 0 {
+            bail!("worker.concurrency must be at least 1");
+        }
+        if self.worker.batch_size == 0 {
+            bail!("worker.batch_size must be at least 1");
+        }
+        if self.worker.heartbeat() >= self.worker.lease() && self.worker.heartbeat_ms.is_some() {
+            tracing::warn!(
+                "worker.heartbeat_ms ({}) is not below worker.lease_ms ({}): leases of long handlers will expire and be taken over",
+                self.worker.heartbeat().as_millis(),
+                self.worker.lease_ms
+            );
+        }
+        if self.worker.heartbeat() >= self.worker.visibility() {
+            tracing::warn!(
+                "worker.heartbeat_ms ({}) is not below worker.visibility_ms ({}): the broker will redeliver running messages (they are answered busy, but it costs round trips)",
+                self.worker.heartbeat().as_millis(),
+                self.worker.visibility_ms
+            );
+        }
+        if self.retry.max_attempts == 0 {
+            bail!("retry.max_attempts must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.retry.jitter) {
+            bail!("retry.jitter must be between 0 and 1, got {}", self.retry.jitter);
+        }
+        for (name, plugin) in &self.plugins {
+            for endpoint in &plugin.endpoints {
+                if !self.endpoints.contains_key(endpoint) {
+                    bail!(
+                        "plugins.{name}.endpoints grants {endpoint:?}, which is not defined: add an [endpoints.{endpoint}] section with its url"
+                    );
+                }
+            }
+            if let Some(pointer) = &plugin.key_pointer {
+                if !pointer.starts_with('/') {
+                    bail!("plugins.{name}.key_pointer must be a JSON pointer starting with '/', got {pointer:?}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The limits for one plugin.
+    pub fn limits_for(&self, plugin: &str) -> Limits {
+        match self.plugins.get(plugin).and_then(|p| p.limits.as_ref()) {
+            Some(o) => o.apply(&self.limits),
+            None => self.limits.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_limits_override_only_what_they_set() {
+        let text = r#"
+            [limits]
+            cpu_ms = 500
+            max_log_lines = 7
+            [plugins.a]
+            path = "a.wasm"
+            [plugins.a.limits]
+            cpu_ms = 900
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        let a = config.limits_for("a");
+        assert_eq!(a.cpu_ms, 900);
+        assert_eq!(a.max_log_lines, 7, "unset fields keep the global value");
+        assert_eq!(config.limits_for("other").cpu_ms, 500);
+    }
+
+    #[test]
+    fn unknown_settings_are_refused_by_name() {
+        let err = toml::from_str::<Config>("[worker]\nconcurency = 2\n").unwrap_err().to_string();
+        assert!(err.contains("concurency"), "{err}");
+    }
+}

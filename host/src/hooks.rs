@@ -1,0 +1,44 @@
+//! Hooks that tools put into the pipeline: the demo's simulated crashes and
+//! the benchmarks' per-message timing. A production pool runs with
+//! [`Hooks::default`] (none).
+
+use std::sync::Arc;
+
+use crate::envelope::Envelope;
+
+/// Decides whether an execution "crashes" right after a journaled step:
+/// (plugin, key, attempt, step) → crash?
+pub type CrashInjector = Arc<dyn Fn(&str, &str, u32, &str) -> bool + Send + Sync>;
+
+/// A callback for each message confirmed done, after its ack.
+pub type OnDone = Arc<dyn Fn(&Envelope) + Send + Sync>;
+
+/// Everything a tool may hook into a pool.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// Fault injection (the demo): stop an execution as if its worker died,
+    /// right after a step's response was journaled.
+    pub crash_after_step: Option<CrashInjector>,
+    /// Called with each message confirmed done, after its ack (the
+    /// benchmarks measure latency with it).
+    pub on_done: Option<OnDone>,
+}
+
+impl Hooks {
+    /// Hooks that inject crashes.
+    pub fn crashing(injector: CrashInjector) -> Self {
+        Hooks {
+            crash_after_step: Some(injector),
+            ..Hooks::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("crash_after_step", &self.crash_after_step.is_some())
+            .field("on_done", &self.on_done.is_some())
+            .finish()
+    }
+}

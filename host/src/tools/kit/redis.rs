@@ -1,0 +1,81 @@
+//! A Redis server of one's own, for runs that kill and restart it.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// A Redis server of one's own on a free port, persisting every write
+/// (`appendfsync always`), so that SIGKILL and a restart is a crash, not a
+/// wipe. Used by chaos runs and the outage tests.
+pub struct OwnRedis {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    /// Start it.
+    pub fn start() -> Result<OwnRedis> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut r = OwnRedis {
+            port,
+            dir: tempfile::tempdir()?,
+            child: None,
+        };
+        r.spawn()?;
+        Ok(r)
+    }
+
+    /// Start it again (after [`kill`](Self::kill)).
+    pub fn spawn(&mut self) -> Result<()> {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start redis-server (install Debian's redis-server package)")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("redis-server on port {} did not start", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// SIGKILL it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

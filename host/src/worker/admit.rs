@@ -1,0 +1,405 @@
+//! Admission: validate a fetched batch, claim it in one round trip, and
+//! settle at once what needs no execution (bad input, duplicates, busy
+//! keys, conflicts, exhausted attempts). What is left runs.
+//!
+//! When the claim store is unreachable, the outage policy decides (G8).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Worker;
+use crate::claim::{ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
+use crate::config::OutagePolicy;
+use crate::envelope::{derive_key, payload_hash, Delivery, Envelope};
+use crate::now_ms;
+use crate::plugin::PluginInfo;
+use crate::runtime::Plugin;
+use crate::stats::Counters;
+
+/// A fetched delivery that passed validation: it names a loaded plugin and
+/// has a key. The next step is its claim.
+pub(super) struct Candidate {
+    /// The message, shared with its execution.
+    pub envelope: Arc<Envelope>,
+    /// The broker's handle for ack, nack and extend.
+    pub receipt: String,
+    /// Times the broker delivered it.
+    pub delivery_count: u32,
+    /// The plugin that will run it (this version, even if another is
+    /// loaded meanwhile).
+    pub plugin: Arc<Plugin>,
+    /// Its idempotency key.
+    pub key: String,
+    /// Hash of its payload (a reused key with another payload conflicts).
+    pub payload_hash: String,
+}
+
+/// A candidate admitted to run, under a claim (or unguarded, when the
+/// claim store is down and the outage policy allows it).
+pub(super) struct Admission {
+    /// The candidate it was.
+    pub candidate: Candidate,
+    /// The claim every write presents; `None` when unguarded.
+    pub claim: Option<ClaimRef>,
+    /// 1 for the first execution (counted at claim time).
+    pub attempt: u32,
+    /// Traps so far.
+    pub traps: u32,
+}
+
+/// What a claim's outcome asks of a delivery that will not run now.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// Run it with this fence and attempt.
+    Run { fence: i64, attempt: u32, traps: u32 },
+    /// Settled already (done, dead-lettered, conflicting, exhausted): ack.
+    Ack(Settled),
+    /// Another execution holds the key: redeliver after this delay.
+    Redeliver(Duration),
+}
+
+/// Why a delivery is acked without running.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// A duplicate of a message done or dead-lettered.
+    Duplicate,
+    /// The key was first seen with another payload: dead-lettered.
+    Conflict,
+    /// No attempt left: dead-lettered.
+    Exhausted(u32),
+}
+
+/// The rule for each claim outcome. A busy key comes back after the lease
+/// or retry delay it reported, but no later than `busy_retry` (the holder
+/// may finish early) and no sooner than 1 ms.
+pub(super) fn answer(outcome: ClaimOutcome, busy_retry: Duration) -> Answer {
+    match outcome {
+        ClaimOutcome::Acquired { fence, attempt, traps } => Answer::Run { fence, attempt, traps },
+        ClaimOutcome::Done | ClaimOutcome::DeadLettered => Answer::Ack(Settled::Duplicate),
+        ClaimOutcome::Conflict => Answer::Ack(Settled::Conflict),
+        ClaimOutcome::Exhausted { attempts } => Answer::Ack(Settled::Exhausted(attempts)),
+        ClaimOutcome::Busy { retry_after_ms } => Answer::Redeliver(Duration::from_millis(retry_after_ms.max(1) as u64).min(busy_retry)),
+    }
+}
+
+/// Check a delivery against the plugin its envelope names (`None` if no
+/// such plugin is loaded; `loaded` lists those that are) and derive its
+/// key. The error is the dead letter's reason.
+pub(super) fn check(e: &Envelope, plugin: Option<&PluginInfo>, loaded: impl FnOnce() -> Vec<String>) -> Result<String, String> {
+    if e.handler.is_empty() {
+        return Err(format!(
+            "malformed envelope: the delivery names no handler (message id {:?}); publish with `idem publish` or set the idem handler header/field",
+            e.id
+        ));
+    }
+    let Some(plugin) = plugin else {
+        return Err(format!(
+            "unknown handler {:?}: no plugin of that name is loaded (loaded: {}); publish to one of them or add it under [plugins]",
+            e.handler,
+            loaded().join(", ")
+        ));
+    };
+    if e.payload.len() > plugin.limits.max_payload_bytes {
+        return Err(format!(
+            "payload of {} bytes exceeds limits.max_payload_bytes = {} of plugin {}",
+            e.payload.len(),
+            plugin.limits.max_payload_bytes,
+            plugin.name
+        ));
+    }
+    if e.id.is_empty() {
+        return Err("message id is empty".into());
+    }
+    derive_key(e, plugin.key_pointer.as_deref())
+}
+
+/// What admitting a batch gave.
+pub(super) struct Admitted {
+    /// What runs now.
+    pub run: Vec<Admission>,
+    /// True when the claim store was unreachable (the fetch loop backs off).
+    pub outage: bool,
+}
+
+impl Worker {
+    /// Validate and claim a batch; settle what needs no execution and
+    /// return what should run.
+    pub(super) async fn admit(&self, deliveries: Vec<Delivery>) -> Admitted {
+        let c = &self.counters;
+        c.deliveries
+            .fetch_add(deliveries.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let mut candidates = Vec::new();
+        let mut rejected: Vec<(Delivery, String)> = Vec::new();
+        for d in deliveries {
+            let plugin = self.runtime.plugin(&d.envelope.handler);
+            match check(&d.envelope, plugin.as_deref().map(|p| &**p), || self.runtime.plugin_names()) {
+                Ok(key) => {
+                    let plugin = plugin.expect("checked above");
+                    candidates.push(Candidate {
+                        payload_hash: payload_hash(&d.envelope.payload),
+                        envelope: Arc::new(d.envelope),
+                        receipt: d.receipt,
+                        delivery_count: d.delivery_count,
+                        plugin,
+                        key,
+                    });
+                }
+                Err(reason) => rejected.push((d, reason)),
+            }
+        }
+        if !rejected.is_empty() {
+            self.reject(rejected).await;
+        }
+        if candidates.is_empty() {
+            return Admitted {
+                run: Vec::new(),
+                outage: false,
+            };
+        }
+        self.claim(candidates).await
+    }
+
+    /// Dead-letter deliveries that failed validation, then ack them.
+    async fn reject(&self, rejected: Vec<(Delivery, String)>) {
+        let items: Vec<DeadLetterRequest> = rejected
+            .iter()
+            .map(|(d, reason)| DeadLetterRequest {
+                plugin: &d.envelope.handler,
+                key: &d.envelope.id,
+                msg_id: &d.envelope.id,
+                headers: &d.envelope.headers,
+                payload: &d.envelope.payload,
+                reason,
+                fence: None,
+                plugin_version: None,
+            })
+            .collect();
+        match self.backends.claims.dead_letter(&items, now_ms()).await {
+            Ok(_) => {
+                for (d, reason) in &rejected {
+                    tracing::warn!(msg_id = %d.envelope.id, handler = %d.envelope.handler, %reason, "dead-lettered bad input");
+                }
+                self.counters
+                    .dead_lettered
+                    .fetch_add(rejected.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                self.ack(rejected.iter().map(|(d, _)| d.receipt.as_str()).collect()).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record dead letters; leaving the deliveries unacked");
+                for (d, _) in &rejected {
+                    self.nack(&d.receipt, self.options.busy_retry).await;
+                }
+            }
+        }
+    }
+
+    /// Claim the candidates in one round trip and act on each outcome.
+    async fn claim(&self, candidates: Vec<Candidate>) -> Admitted {
+        let c = &self.counters;
+        let requests: Vec<ClaimRequest> = candidates
+            .iter()
+            .map(|k| ClaimRequest {
+                plugin: &k.plugin.name,
+                key: &k.key,
+                msg_id: &k.envelope.id,
+                payload_hash: &k.payload_hash,
+                headers: &k.envelope.headers,
+                payload: &k.envelope.payload,
+                owner: &self.options.owner,
+                lease_ms: self.options.lease.as_millis() as i64,
+                max_attempts: self.options.retry.max_attempts,
+                plugin_version: &k.plugin.version,
+            })
+            .collect();
+        let outcomes = match self.backends.claims.claim(&requests, now_ms()).await {
+            Ok(o) => o,
+            Err(e) => {
+                return Admitted {
+                    run: self.claim_outage(candidates, e).await,
+                    outage: true,
+                }
+            }
+        };
+        drop(requests);
+        let mut run = Vec::new();
+        let mut acks = Vec::new();
+        for (k, outcome) in candidates.into_iter().zip(outcomes) {
+            let (msg_id, key) = (&k.envelope.id, &k.key);
+            match answer(outcome, self.options.busy_retry) {
+                Answer::Run { fence, attempt, traps } => {
+                    let claim = ClaimRef {
+                        plugin: k.plugin.name.clone(),
+                        key: k.key.clone(),
+                        fence,
+                    };
+                    run.push(Admission {
+                        candidate: k,
+                        claim: Some(claim),
+                        attempt,
+                        traps,
+                    });
+                }
+                Answer::Ack(why) => {
+                    match why {
+                        Settled::Duplicate => {
+                            Counters::inc(&c.duplicates);
+                            tracing::debug!(%msg_id, %key, "duplicate delivery of a settled message; acking");
+                        }
+                        Settled::Conflict => {
+                            Counters::inc(&c.conflicts);
+                            Counters::inc(&c.dead_lettered);
+                            tracing::warn!(%msg_id, %key, "key reused with a different payload; dead-lettered");
+                        }
+                        Settled::Exhausted(attempts) => {
+                            Counters::inc(&c.dead_lettered);
+                            tracing::warn!(%msg_id, %key, attempts, "attempts exhausted; dead-lettered");
+                        }
+                    }
+                    acks.push(k.receipt);
+                }
+                Answer::Redeliver(delay) => {
+                    Counters::inc(&c.busy);
+                    tracing::debug!(%msg_id, %key, ?delay, "key is busy; redelivering later");
+                    self.nack(&k.receipt, delay).await;
+                }
+            }
+        }
+        self.ack(acks.iter().map(String::as_str).collect()).await;
+        Admitted { run, outage: false }
+    }
+
+    /// G8: the claim store is unreachable.
+    async fn claim_outage(&self, candidates: Vec<Candidate>, error: ClaimError) -> Vec<Admission> {
+        let mut run = Vec::new();
+        for k in candidates {
+            Counters::inc(&self.counters.outage_decisions);
+            if runs_unguarded(self.options.outage_policy, &k.plugin) {
+                tracing::warn!(error = %error, msg_id = %k.envelope.id, "claim store unreachable: running unguarded (outage_policy = run-unguarded)");
+                let attempt = k.delivery_count.max(1);
+                run.push(Admission {
+                    candidate: k,
+                    claim: None,
+                    attempt,
+                    traps: 0,
+                });
+            } else {
+                tracing::warn!(error = %error, msg_id = %k.envelope.id, "claim store unreachable: leaving the delivery unacked (outage_policy = reject)");
+                self.nack(&k.receipt, self.options.busy_retry).await;
+            }
+        }
+        run
+    }
+}
+
+/// Under `run-unguarded`, only plugins without external calls run: their
+/// effects (store writes) are all naturally idempotent.
+fn runs_unguarded(policy: OutagePolicy, plugin: &PluginInfo) -> bool {
+    policy == OutagePolicy::RunUnguarded && plugin.grants.endpoints.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::Grants;
+    use crate::config::Limits;
+
+    fn plugin(key_pointer: Option<&str>, endpoints: &[&str]) -> PluginInfo {
+        PluginInfo {
+            name: "p".into(),
+            version: "v".into(),
+            grants: Grants::new(Vec::<String>::new(), endpoints.iter().map(|s| s.to_string())),
+            limits: Limits {
+                max_payload_bytes: 32,
+                ..Limits::default()
+            },
+            key_pointer: key_pointer.map(str::to_string),
+            imports: Vec::new(),
+            loaded_at: 0,
+        }
+    }
+
+    fn envelope(id: &str, handler: &str, payload: &str) -> Envelope {
+        Envelope {
+            id: id.into(),
+            handler: handler.into(),
+            headers: Vec::new(),
+            payload: payload.as_bytes().to_vec(),
+        }
+    }
+
+    fn loaded() -> Vec<String> {
+        vec!["p".into(), "q".into()]
+    }
+
+    #[test]
+    fn a_valid_delivery_gets_its_key() {
+        assert_eq!(check(&envelope("m1", "p", "{}"), Some(&plugin(None, &[])), loaded), Ok("m1".into()));
+        let natural = plugin(Some("/order"), &[]);
+        assert_eq!(
+            check(&envelope("m1", "p", r#"{"order":"o-7"}"#), Some(&natural), loaded),
+            Ok("o-7".into())
+        );
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_a_reason_that_says_what_to_do() {
+        let p = plugin(None, &[]);
+        let no_handler = check(&envelope("m1", "", "{}"), None, loaded).unwrap_err();
+        assert!(no_handler.contains("names no handler"), "{no_handler}");
+        let unknown = check(&envelope("m1", "x", "{}"), None, loaded).unwrap_err();
+        assert!(
+            unknown.contains("unknown handler \"x\"") && unknown.contains("loaded: p, q"),
+            "{unknown}"
+        );
+        let big = check(&envelope("m1", "p", &"x".repeat(33)), Some(&p), loaded).unwrap_err();
+        assert!(big.contains("33 bytes exceeds limits.max_payload_bytes = 32"), "{big}");
+        assert_eq!(check(&envelope("", "p", "{}"), Some(&p), loaded), Err("message id is empty".into()));
+        let natural = plugin(Some("/order"), &[]);
+        let keyless = check(&envelope("m1", "p", "{}"), Some(&natural), loaded).unwrap_err();
+        assert!(keyless.contains("no value at /order"), "{keyless}");
+    }
+
+    #[test]
+    fn each_claim_outcome_has_one_answer() {
+        let busy_retry = Duration::from_millis(100);
+        assert_eq!(
+            answer(
+                ClaimOutcome::Acquired {
+                    fence: 2,
+                    attempt: 3,
+                    traps: 1
+                },
+                busy_retry
+            ),
+            Answer::Run {
+                fence: 2,
+                attempt: 3,
+                traps: 1
+            }
+        );
+        assert_eq!(answer(ClaimOutcome::Done, busy_retry), Answer::Ack(Settled::Duplicate));
+        assert_eq!(answer(ClaimOutcome::DeadLettered, busy_retry), Answer::Ack(Settled::Duplicate));
+        assert_eq!(answer(ClaimOutcome::Conflict, busy_retry), Answer::Ack(Settled::Conflict));
+        assert_eq!(
+            answer(ClaimOutcome::Exhausted { attempts: 5 }, busy_retry),
+            Answer::Ack(Settled::Exhausted(5))
+        );
+    }
+
+    #[test]
+    fn a_busy_key_comes_back_within_the_busy_retry_and_never_at_once() {
+        let busy_retry = Duration::from_millis(100);
+        let after = |ms| answer(ClaimOutcome::Busy { retry_after_ms: ms }, busy_retry);
+        assert_eq!(after(30), Answer::Redeliver(Duration::from_millis(30)));
+        assert_eq!(after(5_000), Answer::Redeliver(busy_retry));
+        assert_eq!(after(0), Answer::Redeliver(Duration::from_millis(1)));
+        assert_eq!(after(-5), Answer::Redeliver(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn only_plugins_without_external_calls_run_unguarded() {
+        assert!(runs_unguarded(OutagePolicy::RunUnguarded, &plugin(None, &[])));
+        assert!(!runs_unguarded(OutagePolicy::RunUnguarded, &plugin(None, &["payments"])));
+        assert!(!runs_unguarded(OutagePolicy::Reject, &plugin(None, &[])));
+    }
+}

@@ -1,0 +1,112 @@
+//! Confirming successful executions in batches: one task, off the handler
+//! slots, confirms many claims in one round trip to the claim store and
+//! acks what was confirmed in one more. A slot is free again as soon as
+//! its handler returns.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{Receiver, Sender};
+use tokio_util::sync::CancellationToken;
+
+use super::Worker;
+use crate::claim::ClaimRef;
+use crate::envelope::Envelope;
+use crate::now_ms;
+use crate::stats::Counters;
+
+/// Most confirmations sent to the claim store (and acks to the broker) in
+/// one round trip.
+pub(super) const CONFIRM_BATCH: usize = 256;
+
+/// An execution that returned ok, waiting for its confirm and ack.
+pub(super) struct AwaitingConfirm {
+    /// Its claim, confirmed only if the fence still holds.
+    pub claim: ClaimRef,
+    /// The broker's handle, acked after the confirm.
+    pub receipt: String,
+    /// The message, kept only when a hook wants it after the ack.
+    pub envelope: Option<Arc<Envelope>>,
+}
+
+/// The queue of executions waiting for their confirm.
+pub(super) struct ConfirmQueue {
+    pub tx: Sender<AwaitingConfirm>,
+    pub rx: std::sync::Mutex<Option<Receiver<AwaitingConfirm>>>,
+}
+
+impl ConfirmQueue {
+    /// Room for every slot's result several times over, plus a batch.
+    pub(super) fn new(concurrency: usize) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(concurrency * 4 + CONFIRM_BATCH);
+        ConfirmQueue {
+            tx,
+            rx: std::sync::Mutex::new(Some(rx)),
+        }
+    }
+}
+
+impl Worker {
+    /// Queue a successful execution for the batched confirm.
+    pub(super) async fn await_confirm(&self, waiting: AwaitingConfirm) {
+        if let Err(unsent) = self.confirms.tx.send(waiting).await {
+            // The confirm task is gone (cannot happen while `run` runs):
+            // confirm this one on its own.
+            self.confirm_batch(vec![unsent.0]).await;
+        }
+    }
+
+    /// Confirm and ack in batches until `stop`, then flush what is queued.
+    pub(super) async fn confirm_loop(&self, mut rx: Receiver<AwaitingConfirm>, stop: CancellationToken) {
+        let mut batch = Vec::with_capacity(CONFIRM_BATCH);
+        loop {
+            tokio::select! {
+                biased;
+                n = rx.recv_many(&mut batch, CONFIRM_BATCH) => if n == 0 { return },
+                _ = stop.cancelled() => {
+                    rx.close();
+                    while rx.recv_many(&mut batch, CONFIRM_BATCH).await > 0 {
+                        self.confirm_batch(std::mem::take(&mut batch)).await;
+                    }
+                    return;
+                }
+            }
+            self.confirm_batch(std::mem::take(&mut batch)).await;
+        }
+    }
+
+    /// Confirm claims (one round trip), then ack what was confirmed (one
+    /// more). A refused confirm means the claim was taken over: its
+    /// delivery is handed back.
+    async fn confirm_batch(&self, items: Vec<AwaitingConfirm>) {
+        let c = &self.counters;
+        let claims: Vec<ClaimRef> = items.iter().map(|s| s.claim.clone()).collect();
+        match self.backends.claims.confirm(&claims, now_ms()).await {
+            Ok(confirmed) => {
+                let mut done = Vec::with_capacity(items.len());
+                for (item, ok) in items.iter().zip(confirmed) {
+                    if ok {
+                        Counters::inc(&c.done);
+                        done.push(item);
+                    } else {
+                        Counters::inc(&c.fence_rejections);
+                        let claim = &item.claim;
+                        tracing::warn!(plugin = %claim.plugin, key = %claim.key, fence = claim.fence, "confirm refused: the claim was taken over; handing the delivery back");
+                        self.hand_back(&item.receipt).await;
+                    }
+                }
+                self.ack(done.iter().map(|i| i.receipt.as_str()).collect()).await;
+                if let Some(hook) = &self.caps.hooks.on_done {
+                    for e in done.iter().filter_map(|i| i.envelope.as_ref()) {
+                        hook(e);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, count = items.len(), "confirm failed; handing the deliveries back");
+                for item in &items {
+                    self.hand_back(&item.receipt).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Leases follow the work (G5): the registry of executions in flight, and
+//! the heartbeat that extends their claim leases and broker visibility.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Worker;
+use crate::claim::ClaimRef;
+use crate::now_ms;
+use crate::stats::Counters;
+
+/// One running execution, as the heartbeat sees it.
+struct Running {
+    claim: ClaimRef,
+    receipt: String,
+    /// Set when the lease was lost: the instance stops at its next epoch.
+    interrupt: Arc<AtomicBool>,
+}
+
+/// Executions running now, by registration id.
+#[derive(Default)]
+pub(super) struct InFlight {
+    running: Mutex<HashMap<u64, Running>>,
+    next_id: AtomicU64,
+}
+
+impl InFlight {
+    /// Register a running execution until the returned guard drops (a
+    /// panic included), so a dead execution's lease is never extended.
+    pub(super) fn register(&self, claim: &ClaimRef, receipt: &str, interrupt: &Arc<AtomicBool>) -> Registered<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(
+            id,
+            Running {
+                claim: claim.clone(),
+                receipt: receipt.to_string(),
+                interrupt: interrupt.clone(),
+            },
+        );
+        Registered { registry: self, id }
+    }
+
+    /// How many run now.
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The claims and receipts of what runs now.
+    pub(super) fn claims_and_receipts(&self) -> Vec<(ClaimRef, String)> {
+        self.lock().values().map(|r| (r.claim.clone(), r.receipt.clone())).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
+        self.running.lock().expect("in-flight map poisoned")
+    }
+}
+
+/// Removes an execution from the registry when dropped.
+pub(super) struct Registered<'a> {
+    registry: &'a InFlight,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.registry.running.lock() {
+            map.remove(&self.id);
+        }
+    }
+}
+
+impl Worker {
+    /// Every `every`, extend the lease and visibility of what runs, and
+    /// interrupt what lost its lease, until `stop`.
+    pub(super) async fn heartbeat_loop(&self, every: Duration, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            self.beat().await;
+        }
+    }
+
+    async fn beat(&self) {
+        let (ids, claims, receipts): (Vec<u64>, Vec<ClaimRef>, Vec<String>) = {
+            let map = self.in_flight.lock();
+            let mut ids = Vec::with_capacity(map.len());
+            let mut claims = Vec::with_capacity(map.len());
+            let mut receipts = Vec::with_capacity(map.len());
+            for (id, r) in map.iter() {
+                ids.push(*id);
+                claims.push(r.claim.clone());
+                receipts.push(r.receipt.clone());
+            }
+            (ids, claims, receipts)
+        };
+        if claims.is_empty() {
+            return;
+        }
+        let lease_ms = self.options.lease.as_millis() as i64;
+        match self.backends.claims.extend(&claims, lease_ms, now_ms()).await {
+            Ok(held) => {
+                let map = self.in_flight.lock();
+                for ((ok, id), claim) in held.iter().zip(&ids).zip(&claims) {
+                    if *ok {
+                        Counters::inc(&self.counters.lease_extensions);
+                    } else if let Some(r) = map.get(id) {
+                        // Still running, yet the lease is gone: taken over.
+                        tracing::warn!(plugin = %claim.plugin, key = %claim.key, fence = claim.fence, "lease lost to another worker; interrupting the execution");
+                        r.interrupt.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "lease extension failed; will retry at the next heartbeat"),
+        }
+        let refs: Vec<&str> = receipts.iter().map(String::as_str).collect();
+        if let Err(e) = self.backends.broker.extend(&refs, self.options.visibility).await {
+            tracing::warn!(error = %e, "visibility extension failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(key: &str) -> ClaimRef {
+        ClaimRef {
+            plugin: "p".into(),
+            key: key.into(),
+            fence: 1,
+        }
+    }
+
+    #[test]
+    fn an_execution_leaves_the_registry_however_it_ends() {
+        let registry = InFlight::default();
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let a = registry.register(&claim("a"), "r-a", &interrupt);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _b = registry.register(&claim("b"), "r-b", &interrupt);
+            assert_eq!(registry.len(), 2);
+            panic!("the handler task panicked");
+        }));
+        assert!(outcome.is_err());
+        assert_eq!(registry.claims_and_receipts(), vec![(claim("a"), "r-a".to_string())]);
+        drop(a);
+        assert_eq!(registry.len(), 0);
+    }
+}

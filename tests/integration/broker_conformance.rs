@@ -1,0 +1,383 @@
+//! The broker conformance suite: one sequence of checks, written once
+//! against the [`Broker`] trait, that every broker (SQLite, Redis, RabbitMQ,
+//! NATS JetStream) runs unchanged, one test per broker at the end.
+//!
+//! Where a broker's model departs from the trait's plain reading, it says
+//! so in [`Broker::semantics`] and the suite checks what it promises
+//! instead: a delivery that is not acked comes back after the visibility it
+//! was fetched with (`Visibility::PerDelivery`: SQLite, Redis), after the
+//! timeout fixed when the broker was built (`Visibility::Fixed`: NATS), or
+//! only once the connection holding it closes
+//! (`Visibility::UntilDisconnect`: RabbitMQ). Nothing is skipped.
+//!
+//! The suite takes a way to connect consumers of one queue, each with its
+//! own connection as another worker process would have, and leaves one
+//! delayed message (an hour away) in the queue.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_host::broker::sqlite::SqliteBroker;
+use idem_host::broker::{Broker, Semantics};
+use idem_host::config::Config;
+use idem_host::envelope::{Delivery, Envelope};
+
+use crate::common::brokers::{self, envelope, fetch_n, fetch_until, ids, receipts, PATIENCE};
+use crate::common::{unique_namespace, wait_for};
+
+/// A visibility that never runs out during a test.
+const LONG: Duration = Duration::from_secs(60);
+/// A visibility short enough to wait out.
+const SHORT: Duration = Duration::from_millis(200);
+/// How long a redelivery may take on a loaded 2-core machine (a server's
+/// redelivery timer can run late).
+const LATE: Duration = Duration::from_secs(20);
+/// How much earlier than its visibility a redelivery may be seen (clock
+/// granularity), when checking that it did not come back too soon.
+const SLACK: Duration = Duration::from_millis(10);
+/// The delay of a delayed publish (long enough for the checks that it is
+/// not due yet on a loaded machine).
+const DELAY: Duration = Duration::from_millis(1_000);
+/// The delay of a delayed nack, and how much earlier it may be seen.
+const NACK_DELAY: Duration = Duration::from_millis(1_000);
+const NACK_SLACK: Duration = Duration::from_millis(50);
+
+/// Run the suite. Each call of `connect` connects a new consumer of the
+/// same queue.
+pub async fn broker_conformance<F, Fut>(connect: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Broker>>,
+{
+    let one = connect().await;
+    let semantics = one.semantics();
+    publish_fetch_and_settle(&*one, semantics).await;
+    delays_keep_messages_intact_and_count_deliveries(&*one, semantics).await;
+    // From here on two consumers share the queue. Where the server pushes
+    // deliveries (RabbitMQ), any of them may be the one that has a message.
+    let consumers = vec![one, connect().await];
+    two_consumers_never_hold_the_same_delivery(&consumers).await;
+    extend_keeps_a_delivery_from_other_consumers(&consumers, semantics).await;
+    a_vanished_consumers_delivery_goes_to_another(consumers, semantics).await;
+}
+
+/// Publish, fetch in order, visibility, nack, stale receipts, extend, ack,
+/// and what `pending` counts along the way.
+async fn publish_fetch_and_settle(b: &dyn Broker, semantics: Semantics) {
+    let e = envelope;
+    b.publish(&[e("a"), e("b"), e("c")], Duration::ZERO).await.unwrap();
+    b.publish(&[e("later")], Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 4);
+
+    let got = fetch_n(b, 2, LONG, "a and b").await;
+    assert_eq!(ids(&got), ["a", "b"]);
+    assert_eq!(got[0].envelope, e("a"), "payload, handler and headers round-trip");
+    assert_eq!(got[0].delivery_count, 1);
+    let c_fetched = Instant::now();
+    let rest = fetch_until(b, 10, SHORT, "c").await;
+    assert_eq!(ids(&rest), ["c"], "in-flight and delayed messages are invisible");
+    assert_eq!(b.pending().await.unwrap(), 4, "in flight still counts as pending");
+
+    // c is not acked within the visibility it was fetched with. a and b are
+    // extended meanwhile: where the visibility is fixed, that is the only
+    // way to keep them while c's runs out.
+    let held = receipts(&got);
+    match semantics.visibility.timeout(SHORT) {
+        Some(visibility) => {
+            let again = wait_for(LATE, "c to be redelivered", || async {
+                b.extend(&held, LONG).await.unwrap();
+                let again = b.fetch(10, LONG).await.unwrap();
+                (!again.is_empty()).then_some(again)
+            })
+            .await;
+            let waited = c_fetched.elapsed();
+            assert!(
+                waited + SLACK >= visibility,
+                "redelivered after {waited:?}, before its visibility ({visibility:?}) ended"
+            );
+            assert_eq!(ids(&again), ["c"], "only c's visibility ran out");
+            assert_eq!(again[0].delivery_count, 2);
+            assert_ne!(again[0].receipt, rest[0].receipt, "each delivery has its own receipt");
+            b.ack(&[&again[0].receipt]).await.unwrap();
+        }
+        None => {
+            // No visibility timeout: c is still held after the visibility it
+            // was fetched with ran out (it comes back to another consumer
+            // only when this one's connection closes: see the last check).
+            while c_fetched.elapsed() < SHORT + Duration::from_millis(100) {
+                b.extend(&held, LONG).await.unwrap();
+                assert!(
+                    b.fetch(10, LONG).await.unwrap().is_empty(),
+                    "held until acked or the connection closes"
+                );
+            }
+            b.ack(&[&rest[0].receipt]).await.unwrap();
+        }
+    }
+
+    // Nack, a stale receipt, extend, ack.
+    b.nack(&got[0].receipt, Duration::ZERO).await.unwrap();
+    let a = fetch_until(b, 10, LONG, "a after its nack").await;
+    assert_eq!(ids(&a), ["a"]);
+    assert_eq!(a[0].delivery_count, 2, "given back: delivered again");
+    b.nack(&got[0].receipt, Duration::ZERO).await.unwrap(); // stale receipt: no effect
+    assert!(b.fetch(10, LONG).await.unwrap().is_empty());
+    b.extend(&[&a[0].receipt, &got[1].receipt], LONG).await.unwrap();
+    b.ack(&[&a[0].receipt, &got[1].receipt]).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 1, "only the delayed message is left");
+}
+
+/// A delayed publish and a delayed nack hold a message back for their
+/// delay, then deliver it intact (binary payload, separators in every
+/// field, an empty header value); each nack counts one more delivery. Two
+/// publishes of one message are two messages: no broker may dedupe them,
+/// Idem must see duplicates to suppress them itself.
+async fn delays_keep_messages_intact_and_count_deliveries(b: &dyn Broker, semantics: Semantics) {
+    let e = Envelope {
+        id: "bin:1".into(),
+        handler: "h:andler".into(),
+        headers: vec![("a-b".into(), "1:2".into()), ("empty".into(), String::new())],
+        payload: (0..=255u8).chain(b"12:\0x".iter().copied()).collect(),
+    };
+    let dup = envelope("dup");
+    let published = Instant::now();
+    b.publish(std::slice::from_ref(&e), DELAY).await.unwrap();
+    assert!(b.fetch(10, LONG).await.unwrap().is_empty(), "not due yet");
+    b.publish(&[dup.clone(), dup.clone()], Duration::ZERO).await.unwrap();
+    let dups = fetch_n(b, 2, LONG, "both copies of a duplicate publish").await;
+    assert_eq!(
+        [&dups[0].envelope, &dups[1].envelope],
+        [&dup, &dup],
+        "both copies of a duplicate publish arrive; the delayed message waits"
+    );
+    b.ack(&receipts(&dups)).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 2, "a delayed message is pending");
+
+    let got = fetch_until(b, 10, LONG, "the delayed message").await;
+    assert!(published.elapsed() >= DELAY, "delivered after {:?}", published.elapsed());
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].envelope, e);
+    let first = got[0].delivery_count;
+    if semantics.early_fetches_count {
+        assert!(first >= 1, "{first}");
+    } else {
+        assert_eq!(first, 1, "withheld until due, then delivered once");
+    }
+
+    let nacked = Instant::now();
+    b.nack(&got[0].receipt, NACK_DELAY).await.unwrap();
+    assert!(b.fetch(10, LONG).await.unwrap().is_empty(), "not due yet");
+    assert_eq!(b.pending().await.unwrap(), 2, "moved, not lost or doubled");
+    let back = fetch_until(b, 10, LONG, "the nacked message").await;
+    assert!(
+        nacked.elapsed() + NACK_SLACK >= NACK_DELAY,
+        "redelivered {:?} after a {NACK_DELAY:?} nack",
+        nacked.elapsed()
+    );
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].envelope, e);
+    assert_eq!(back[0].delivery_count, first + 1);
+    b.nack(&got[0].receipt, Duration::from_millis(1)).await.unwrap(); // stale: no effect
+
+    b.nack(&back[0].receipt, Duration::from_millis(1)).await.unwrap();
+    let third = fetch_until(b, 10, LONG, "the message nacked twice").await;
+    assert_eq!(third.len(), 1);
+    assert_eq!(third[0].envelope, e);
+    assert_eq!(third[0].delivery_count, first + 2);
+    b.ack(&[&third[0].receipt]).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 1, "only the first delayed message is left");
+    assert!(b.fetch(10, LONG).await.unwrap().is_empty(), "no copy left behind");
+}
+
+/// Both consumers fetch at once, in small batches, until every message was
+/// handed out: none goes to both while it is held (each consumer extends
+/// what it holds, as a worker's heartbeat does).
+async fn two_consumers_never_hold_the_same_delivery(consumers: &[Arc<dyn Broker>]) {
+    let (one, two) = (&*consumers[0], &*consumers[1]);
+    let all: Vec<Envelope> = (0..60).map(|i| envelope(&format!("m{i}"))).collect();
+    one.publish(&all, Duration::ZERO).await.unwrap();
+
+    let handed_out = AtomicUsize::new(0);
+    let (got1, got2) = tokio::join!(
+        consume_share(one, &handed_out, all.len()),
+        consume_share(two, &handed_out, all.len())
+    );
+    let mut seen = HashSet::new();
+    for d in got1.iter().chain(&got2) {
+        assert!(seen.insert(d.envelope.id.clone()), "{} delivered twice while held", d.envelope.id);
+        assert_eq!(d.delivery_count, 1);
+    }
+    assert_eq!(seen.len(), all.len(), "every message was delivered");
+    for (b, got) in [(one, &got1), (two, &got2)] {
+        b.extend(&receipts(got), LONG).await.unwrap();
+        assert!(b.fetch(10, LONG).await.unwrap().is_empty(), "nothing more");
+    }
+
+    two.ack(&receipts(&got2)).await.unwrap();
+    assert_eq!(
+        one.pending().await.unwrap(),
+        got1.len() as u64 + 1,
+        "what a consumer holds still counts as pending; what is acked does not"
+    );
+    one.ack(&receipts(&got1)).await.unwrap();
+    assert_eq!(one.pending().await.unwrap(), 1);
+    assert_eq!(two.pending().await.unwrap(), 1);
+}
+
+/// One consumer's share of [`two_consumers_never_hold_the_same_delivery`].
+async fn consume_share(b: &dyn Broker, handed_out: &AtomicUsize, n: usize) -> Vec<Delivery> {
+    let deadline = Instant::now() + PATIENCE;
+    let mut got: Vec<Delivery> = Vec::new();
+    while handed_out.load(Ordering::SeqCst) < n {
+        assert!(
+            Instant::now() < deadline,
+            "timed out: {} of {n} messages handed out",
+            handed_out.load(Ordering::SeqCst)
+        );
+        let batch = b.fetch(3, LONG).await.unwrap();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        handed_out.fetch_add(batch.len(), Ordering::SeqCst);
+        got.extend(batch);
+        b.extend(&receipts(&got), LONG).await.unwrap();
+    }
+    got
+}
+
+/// A heartbeat's extends keep a delivery from other consumers for several
+/// times its visibility; its receipt stays valid (an extend is not a
+/// delivery), and its nack takes effect at once.
+async fn extend_keeps_a_delivery_from_other_consumers(consumers: &[Arc<dyn Broker>], semantics: Semantics) {
+    consumers[0].publish(&[envelope("long")], Duration::ZERO).await.unwrap();
+    // Five heartbeats per visibility, so that a slow one does not lose it.
+    let visibility = Duration::from_millis(500);
+    let (h, got) = fetch_from_any(&[&*consumers[0], &*consumers[1]], visibility, "long").await;
+    let (holder, other) = (&*consumers[h], &*consumers[1 - h]);
+    let receipt = got[0].receipt.as_str();
+
+    let keep = semantics.visibility.timeout(visibility).unwrap_or(visibility) * 4;
+    let start = Instant::now();
+    let mut heartbeat = tokio::time::interval(Duration::from_millis(100));
+    while start.elapsed() < keep {
+        heartbeat.tick().await;
+        holder.extend(&[receipt], visibility).await.unwrap();
+        assert!(
+            other.fetch(1, LONG).await.unwrap().is_empty(),
+            "taken while extended, after {:?}",
+            start.elapsed()
+        );
+    }
+
+    // Extended for long first: now only the nack can make it visible.
+    holder.extend(&[receipt], LONG).await.unwrap();
+    let nacked = Instant::now();
+    holder.nack(receipt, Duration::ZERO).await.unwrap();
+    let (i, again) = fetch_from_any(&[other, holder], LONG, "long after its nack").await;
+    if let Some(extended) = semantics.visibility.timeout(LONG) {
+        assert!(nacked.elapsed() < extended, "came back when its extension ran out, not by the nack");
+    }
+    assert_eq!(ids(&again), ["long"], "the nack of the extended receipt took effect");
+    assert_eq!(again[0].delivery_count, 2, "counts carry over a nack; an extend is not a delivery");
+    [other, holder][i].ack(&[&again[0].receipt]).await.unwrap();
+    assert_eq!(holder.pending().await.unwrap(), 1);
+}
+
+/// A consumer that disappears without acking (its process died) gives its
+/// delivery back, to another consumer: once the visibility it was last
+/// given ends, or, without a visibility timeout, once its connection
+/// closes. Not before, and never to another consumer while it is held.
+async fn a_vanished_consumers_delivery_goes_to_another(mut consumers: Vec<Arc<dyn Broker>>, semantics: Semantics) {
+    let x = envelope("x");
+    consumers[0].publish(std::slice::from_ref(&x), Duration::ZERO).await.unwrap();
+    let visibility = Duration::from_secs(1);
+    let (h, got) = fetch_from_any(&[&*consumers[0], &*consumers[1]], visibility, "x").await;
+    let holder = consumers.swap_remove(h);
+    let other = consumers.pop().expect("two consumers");
+    assert!(
+        other.fetch(10, LONG).await.unwrap().is_empty(),
+        "not handed to another consumer while held"
+    );
+    let extended = Instant::now();
+    holder.extend(&[&got[0].receipt], visibility).await.unwrap();
+    drop(holder);
+
+    // The other consumer asks with a long visibility of its own: what
+    // counts is the visibility x was given.
+    let again = wait_for(LATE, "x to go to the other consumer", || async {
+        let again = other.fetch(10, LONG).await.unwrap();
+        (!again.is_empty()).then_some(again)
+    })
+    .await;
+    if let Some(visibility) = semantics.visibility.timeout(visibility) {
+        let waited = extended.elapsed();
+        assert!(
+            waited + SLACK >= visibility,
+            "taken over after {waited:?}, before its visibility ({visibility:?}) ended"
+        );
+    }
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].envelope, x);
+    assert_eq!(again[0].delivery_count, 2);
+    other.ack(&[&again[0].receipt]).await.unwrap();
+    assert_eq!(other.pending().await.unwrap(), 1, "only the delayed message is left");
+}
+
+/// Fetch from each consumer in turn until one hands something out; returns
+/// which one did.
+async fn fetch_from_any(consumers: &[&dyn Broker], visibility: Duration, what: &str) -> (usize, Vec<Delivery>) {
+    wait_for(PATIENCE, what, || async {
+        for (i, b) in consumers.iter().enumerate() {
+            let got = b.fetch(10, visibility).await.unwrap();
+            if !got.is_empty() {
+                return Some((i, got));
+            }
+        }
+        None
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_broker_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.database.path = dir.path().join("broker.db");
+    // Each consumer opens the database on its own, as another process would.
+    let config = &config;
+    broker_conformance(move || async move {
+        let pool = idem_host::backend::open_sqlite(config).await.unwrap();
+        Arc::new(SqliteBroker::new(pool)) as Arc<dyn Broker>
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_broker_conforms() {
+    let ns = unique_namespace("redis");
+    let _keys = brokers::RedisKeys(ns.clone());
+    let ns = ns.as_str();
+    broker_conformance(move || async move { Arc::new(brokers::redis(ns).await) as Arc<dyn Broker> }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_broker_conforms() {
+    brokers::in_amqp_namespace(|ns| async move {
+        let ns = ns.as_str();
+        broker_conformance(move || async move { Arc::new(brokers::amqp(ns).await) as Arc<dyn Broker> }).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_broker_conforms() {
+    brokers::in_nats_namespace(|ns| async move {
+        let ns = ns.as_str();
+        let ack_wait = Duration::from_secs(1);
+        broker_conformance(move || async move { Arc::new(brokers::nats(ns, ack_wait).await) as Arc<dyn Broker> }).await;
+    })
+    .await;
+}
