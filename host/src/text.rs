@@ -65,7 +65,9 @@ mod tests {
         assert_eq!(redact_url("amqp://guest:secret@h:5672/%2f"), "amqp://guest:***@h:5672/%2f");
         assert_eq!(redact_url("postgres://postgres@h/db"), "postgres://postgres@h/db");
         assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
-        assert_eq!(redact_url("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(redact_url("redis://:s3cret@host:6379/0"), "redis://:***@host:6379/0");
+        assert_eq!(redact_url("redis://u:p@h"), "redis://u:***@h");
+        assert_eq!(redact_url("amqp://user@h"), "amqp://user@h");
     }
 
     #[test]

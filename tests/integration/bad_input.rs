@@ -111,7 +111,7 @@ async fn key_reused_with_a_different_payload_is_a_conflict() {
     assert!(letters[0].reason.starts_with("conflict:"), "{}", letters[0].reason);
     assert!(String::from_utf8_lossy(&letters[0].payload).contains("999"));
     assert_eq!(env.mock.performed("payments", "pay-x"), 1);
-    assert_eq!(state(&pool, "record-payment", "pay-x").await.as_deref(), Some("done"));
+    assert_eq!(state(&pool, "record-payment", "pay-x").await, Some("done"));
     pool.stop().await.unwrap();
 }
 

@@ -36,7 +36,7 @@ async fn g1_sequential_duplicates_have_one_effect() {
     assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-seq", "charge")), 1);
     assert_eq!(env.mock.performed("payments", "pay-seq"), 1);
     assert_eq!(env.mock.calls_after_journal(), 0);
-    assert_eq!(state(&pool, "record-payment", "pay-seq").await.as_deref(), Some("done"));
+    assert_eq!(state(&pool, "record-payment", "pay-seq").await, Some("done"));
     pool.stop().await.unwrap();
 }
 
@@ -86,7 +86,7 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
     // Worker B takes the claim over once A's lease has expired.
     let b = env.start().await;
     wait_until(Duration::from_secs(10), "worker B to complete the message", || async {
-        state(&b, "record-payment", "pay-fence").await.as_deref() == Some("done")
+        state(&b, "record-payment", "pay-fence").await == Some("done")
     })
     .await;
     assert_eq!(b.counters.snapshot().done, 1);
@@ -109,7 +109,7 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
     let pool = env.start().await;
     let rows = pool.backends.data.scan("receipts").await.unwrap();
     assert_eq!(rows.len(), 1);
-    assert_eq!(state(&pool, "record-payment", "pay-fence").await.as_deref(), Some("done"));
+    assert_eq!(state(&pool, "record-payment", "pay-fence").await, Some("done"));
     pool.stop().await.unwrap();
 }
 
@@ -147,7 +147,7 @@ async fn g6_transient_errors_retry_with_growing_delays() {
     let c = pool.counters.snapshot();
     assert_eq!(c.retries, 3, "{c:?}");
     assert_eq!(c.done, 1, "{c:?}");
-    assert_eq!(state(&pool, "record-payment", "pay-flaky").await.as_deref(), Some("done"));
+    assert_eq!(state(&pool, "record-payment", "pay-flaky").await, Some("done"));
     let arrivals = env.mock.state.lock().unwrap().arrivals["pay-flaky"].clone();
     assert_eq!(arrivals.len(), 4);
     let gaps: Vec<Duration> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
@@ -179,7 +179,7 @@ async fn g6_poison_is_dead_lettered_and_the_pool_keeps_going() {
     assert!(d.reason.contains("attempts exhausted (3 of 3)"), "{}", d.reason);
     assert!(d.reason.contains("never succeeds"), "{}", d.reason);
     assert_eq!(d.payload, br#"{"mode":"transient"}"#);
-    assert_eq!(state(&pool, "poison", "poison-t").await.as_deref(), Some("dead"));
+    assert_eq!(state(&pool, "poison", "poison-t").await, Some("dead"));
     pool.stop().await.unwrap();
 }
 
@@ -250,6 +250,6 @@ async fn multi_step_retry_resumes_instead_of_restarting() {
         );
     }
     assert_eq!(env.mock.calls_after_journal(), 0, "journaled steps were replayed, not re-sent");
-    assert_eq!(state(&pool, "fulfil-order", "ord-resume").await.as_deref(), Some("done"));
+    assert_eq!(state(&pool, "fulfil-order", "ord-resume").await, Some("done"));
     pool.stop().await.unwrap();
 }

@@ -488,7 +488,7 @@ async fn dead_letter_round_trip(mut env: Env, tag: &str) {
         .await
         .unwrap();
     drain(&pool).await;
-    assert_eq!(state(&pool, "record-payment", "pay-dl").await.as_deref(), Some("dead"));
+    assert_eq!(state(&pool, "record-payment", "pay-dl").await, Some("dead"));
 
     let (ok, out, err) = idem(&config_path, &["dlq", "list", "--json"]);
     assert!(ok, "{err}");
@@ -519,7 +519,7 @@ async fn dead_letter_round_trip(mut env: Env, tag: &str) {
     assert!(ok, "{err}");
     assert!(out.contains(&format!("replayed dead letter {id}")), "{out}");
     wait_until(Duration::from_secs(30), "the replayed payment to be done", || async {
-        state(&pool, "record-payment", "pay-dl").await.as_deref() == Some("done")
+        state(&pool, "record-payment", "pay-dl").await == Some("done")
     })
     .await;
     drain(&pool).await;
@@ -536,7 +536,7 @@ async fn dead_letter_round_trip(mut env: Env, tag: &str) {
     assert!(err.contains("1 dead letter(s) deleted"), "{err}");
     assert!(pool.backends.admin.dead_letters(10).await.unwrap().is_empty());
     assert_eq!(
-        state(&pool, "poison", "msg-poison").await.as_deref(),
+        state(&pool, "poison", "msg-poison").await,
         Some("dead"),
         "purge keeps the claim dead"
     );

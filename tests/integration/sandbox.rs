@@ -148,7 +148,7 @@ async fn log_flood_is_truncated_and_the_message_completes() {
         .await
         .unwrap();
     drain(&pool).await;
-    assert_eq!(state(&pool, "hostile", "attack-log").await.as_deref(), Some("done"));
+    assert_eq!(state(&pool, "hostile", "attack-log").await, Some("done"));
     pool.stop().await.unwrap();
 }
 
@@ -164,7 +164,7 @@ async fn a_hostile_message_does_not_stop_the_pool() {
     })
     .await;
     drain(&pool).await;
-    assert_eq!(state(&pool, "hostile", "attack-loop").await.as_deref(), Some("dead"));
+    assert_eq!(state(&pool, "hostile", "attack-loop").await, Some("dead"));
     pool.stop().await.unwrap();
 }
 

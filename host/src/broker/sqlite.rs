@@ -128,7 +128,9 @@ impl Broker for SqliteBroker {
     }
 
     async fn pending(&self) -> Result<u64, BrokerError> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM queue").fetch_one(&self.pool).await?;
+        let n: i64 = sqlx::query_scalar(include_str!("../../queries/sqlite/queue_pending.sql"))
+            .fetch_one(&self.pool)
+            .await?;
         Ok(n as u64)
     }
 }

@@ -11,7 +11,7 @@ use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::Consumer;
 
-use super::link::Link;
+use super::link::{Inbox, Link};
 use super::wire::{convert, unavailable};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
@@ -20,15 +20,6 @@ use crate::envelope::Delivery;
 /// The longest `fetch` waits for a first delivery: the worker checks for
 /// shutdown between fetches.
 const FETCH_WAIT: Duration = Duration::from_millis(100);
-
-/// Deliveries the server pushed and `fetch` has not handed out yet.
-pub(super) struct Inbox {
-    /// Started by the first `fetch`: a broker that only publishes or counts
-    /// (`idem publish`, `idem stats`) must not take deliveries it never
-    /// hands out.
-    pub(super) consumer: Option<Consumer>,
-    pub(super) arrived: VecDeque<AmqpDelivery>,
-}
 
 impl Link {
     /// Take one item of the consumer stream into the inbox.

@@ -10,11 +10,10 @@ use anyhow::{anyhow, Context};
 use lapin::options::{BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm};
 
-use super::consume::Inbox;
-use super::settle::Held;
 use super::topology::{declare, Names};
-use super::wire::{redact, unavailable};
+use super::wire::{unavailable, Held};
 use crate::broker::BrokerError;
+use crate::text::redact_url as redact;
 
 /// Deliveries the server may push to one consumer before they are acked:
 /// enough to fill a few fetch batches without a round trip, few enough that
@@ -26,6 +25,15 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest a publish waits for the server's confirm.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Deliveries the server pushed and `fetch` has not handed out yet.
+pub(super) struct Inbox {
+    /// Started by the first `fetch`: a broker that only publishes or counts
+    /// (`idem publish`, `idem stats`) must not take deliveries it never
+    /// hands out.
+    pub(super) consumer: Option<Consumer>,
+    pub(super) arrived: VecDeque<AmqpDelivery>,
+}
 
 /// The connections with their channels. Replaced as a whole when any part
 /// of it fails, so receipts, tags and channels always belong together.

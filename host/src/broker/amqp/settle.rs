@@ -10,17 +10,6 @@ use super::wire::{copy_properties, parse_receipt, unavailable};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
 
-/// What `nack` needs to republish a delivery it has not acked yet.
-pub(super) struct Held {
-    pub(super) properties: BasicProperties,
-    pub(super) body: Vec<u8>,
-    pub(super) deliveries: u32,
-    /// An ack or nack of this tag is under way: a second one would be an
-    /// AMQP error that closes the channel, and a `multiple` ack must not
-    /// cover it.
-    pub(super) settling: bool,
-}
-
 impl AmqpBroker {
     /// What [`Broker::ack`](crate::broker::Broker::ack) does.
     pub(super) async fn settle(&self, receipts: &[&str]) -> Result<(), BrokerError> {

@@ -5,7 +5,6 @@ use lapin::message::Delivery as AmqpDelivery;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 
-use super::settle::Held;
 use crate::broker::BrokerError;
 use crate::envelope::{Delivery, Envelope};
 
@@ -68,6 +67,17 @@ pub(super) fn copy_properties(properties: BasicProperties, deliveries: u32) -> B
     }
     headers.insert(DELIVERIES_HEADER.into(), AMQPValue::LongUInt(deliveries));
     properties.with_headers(headers).with_delivery_mode(PERSISTENT)
+}
+
+/// What `nack` needs to republish a delivery it has not acked yet.
+pub(super) struct Held {
+    pub(super) properties: BasicProperties,
+    pub(super) body: Vec<u8>,
+    pub(super) deliveries: u32,
+    /// An ack or nack of this tag is under way: a second one would be an
+    /// AMQP error that closes the channel, and a `multiple` ack must not
+    /// cover it.
+    pub(super) settling: bool,
 }
 
 /// An AMQP delivery as Idem's [`Delivery`], and what `nack` needs to keep.
@@ -144,33 +154,14 @@ pub(super) fn unavailable(what: &str, e: lapin::Error) -> BrokerError {
     BrokerError::Unavailable(format!("RabbitMQ {what}: {e}"))
 }
 
-/// The URL without its password, for error messages and logs.
-pub(super) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn receipts_and_redaction() {
+    fn receipts_parse() {
         assert_eq!(parse_receipt("3.17").unwrap(), (3, 17));
         assert!(parse_receipt("17").is_err());
         assert!(parse_receipt("a.b").is_err());
-        assert_eq!(redact("amqp://guest:secret@h:5672/%2f"), "amqp://guest:***@h:5672/%2f");
-        assert_eq!(redact("amqp://h:5672/%2f?x=a@b"), "amqp://h:5672/%2f?x=a@b");
-        assert_eq!(redact("amqp://user@h"), "amqp://user@h");
     }
 }

@@ -43,7 +43,7 @@ impl RedisBroker {
     /// Connect, create the stream and consumer group if they do not exist,
     /// and forget consumers of stopped workers that hold nothing.
     pub async fn connect(url: &str, namespace: &str) -> anyhow::Result<Self> {
-        let shown = redact(url);
+        let shown = crate::text::redact_url(url);
         let client = redis::Client::open(url)
             .with_context(|| format!("broker.url {shown:?} is not a valid Redis URL (redis://[:password@]host:port[/db])"))?;
         let config = ConnectionManagerConfig::new()
@@ -62,7 +62,7 @@ impl RedisBroker {
             waiter,
             stream: format!("{namespace}:queue"),
             delayed: format!("{namespace}:delayed"),
-            consumer: format!("{}-{}", hostname(), uuid::Uuid::new_v4().simple()),
+            consumer: format!("{}-{}", crate::text::hostname(), uuid::Uuid::new_v4().simple()),
             scripts: Scripts::new(),
             cursor: Mutex::new("0-0".into()),
         };
@@ -143,39 +143,5 @@ impl RedisBroker {
                 None => return Err(unavailable(err)),
             }
         }
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "worker".into())
-}
-
-/// The URL without its password, for error messages and logs.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(redact("redis://:s3cret@host:6379/0"), "redis://:***@host:6379/0");
-        assert_eq!(redact("redis://u:p@h"), "redis://u:***@h");
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }
