@@ -1,7 +1,6 @@
 //! Consuming: the server pushes deliveries to this connection's consumer
 //! (up to the prefetch); `fetch` hands them out and `pending` counts them.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -9,7 +8,6 @@ use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::Consumer;
 
 use super::link::{Inbox, Link};
 use super::wire::{convert, unavailable};

@@ -7,8 +7,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
+use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer, PublisherConfirm};
 
 use super::topology::{declare, Names};
 use super::wire::{unavailable, Held};

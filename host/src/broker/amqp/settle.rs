@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use lapin::options::{BasicAckOptions, BasicNackOptions};
-use lapin::BasicProperties;
 
 use super::wire::{copy_properties, parse_receipt, unavailable};
 use super::AmqpBroker;
