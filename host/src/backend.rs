@@ -35,7 +35,7 @@ pub async fn open_sqlite(config: &Config) -> Result<SqlitePool> {
         .filename(path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
+        .synchronous(sqlite_synchronous(config.broker.kind))
         .busy_timeout(Duration::from_secs(5));
     let pool = SqlitePoolOptions::new()
         .max_connections(config.database.max_connections.max(1))
@@ -67,6 +67,20 @@ pub async fn open_sqlite(config: &Config) -> Result<SqlitePool> {
     drop(lock);
     migrated.with_context(|| format!("cannot migrate the SQLite database {}", path.display()))?;
     Ok(pool)
+}
+
+/// How durable each SQLite commit is. With the queue in the same file
+/// (`broker.kind = "sqlite"`), `NORMAL` suffices: an OS crash may roll the
+/// last commits back, but consistently, acks included, so a lost confirm
+/// comes back as a redelivery. With any other broker, an ack sent to the
+/// broker cannot be rolled back with the file, so every commit (a confirm,
+/// a dead letter, a data write) is synced before the ack: `FULL`.
+pub fn sqlite_synchronous(broker: BrokerKind) -> SqliteSynchronous {
+    if broker == BrokerKind::Sqlite {
+        SqliteSynchronous::Normal
+    } else {
+        SqliteSynchronous::Full
+    }
 }
 
 /// The file whose lock serialises migrations of the SQLite database at
@@ -189,4 +203,28 @@ pub async fn open(config: &Config) -> Result<Backends> {
         admin,
         data,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `PRAGMA synchronous` of the pool `open_sqlite` gives for a broker.
+    async fn synchronous_with(broker: BrokerKind) -> i64 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.database.path = dir.path().join("idem.db");
+        config.broker.kind = broker;
+        let pool = open_sqlite(&config).await.unwrap();
+        sqlx::query_scalar("PRAGMA synchronous").fetch_one(&pool).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn sqlite_commits_are_synced_whenever_the_broker_is_elsewhere() {
+        // 1 = NORMAL, 2 = FULL.
+        assert_eq!(synchronous_with(BrokerKind::Sqlite).await, 1);
+        for broker in [BrokerKind::Redis, BrokerKind::Rabbitmq, BrokerKind::Nats] {
+            assert_eq!(synchronous_with(broker).await, 2, "{broker:?}");
+        }
+    }
 }

@@ -68,6 +68,54 @@ pub fn idempotency_key(plugin: &str, key: &str, step: &str) -> String {
     hex::encode(&h.finalize()[..16])
 }
 
+/// Longest idempotency key or message id, in bytes. A key is part of the
+/// claims' primary key (Postgres refuses index entries much over 2 KB) and
+/// is sent to endpoints in the `Idem-Message-Key` header.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// Check an idempotency key or message id (`what` names it in the error):
+/// 1 to [`MAX_KEY_BYTES`] bytes of UTF-8 without control characters (no
+/// NUL, which Postgres text cannot hold; no line breaks, which HTTP headers
+/// cannot carry).
+pub fn check_key(what: &str, key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "{what} is {} bytes long, over the limit of {MAX_KEY_BYTES} bytes (starts {:?})",
+            key.len(),
+            printable(key, 40)
+        ));
+    }
+    if let Some(c) = key.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "{what} {:?} contains the control character U+{:04X}; keys and message ids must be printable text",
+            printable(key, 80),
+            c as u32
+        ));
+    }
+    Ok(())
+}
+
+/// `text` with control characters escaped and cut to about `max` bytes: safe
+/// to store and show whatever a producer sent.
+pub fn printable(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        if out.len() >= max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Derive the idempotency key of a message: the value at `pointer` in the
 /// JSON payload, or the message id when no pointer is configured.
 pub fn derive_key(envelope: &Envelope, pointer: Option<&str>) -> Result<String, String> {
@@ -113,6 +161,25 @@ mod tests {
         assert!(derive_key(&env(r#"{"n":null}"#), Some("/n")).unwrap_err().contains("/n"));
         assert!(derive_key(&env("not json"), Some("/n")).unwrap_err().contains("not JSON"));
         assert!(derive_key(&env("{}"), Some("/missing")).unwrap_err().contains("/missing"));
+    }
+
+    #[test]
+    fn keys_are_bounded_printable_text() {
+        assert_eq!(check_key("key", "pay-1"), Ok(()));
+        assert_eq!(check_key("key", &"k".repeat(MAX_KEY_BYTES)), Ok(()));
+        assert_eq!(check_key("message id", ""), Err("message id is empty".into()));
+        let long = check_key("key", &"k".repeat(MAX_KEY_BYTES + 1)).unwrap_err();
+        assert!(long.contains("513 bytes long") && long.contains("limit of 512"), "{long}");
+        let nul = check_key("key", "a\0b").unwrap_err();
+        assert!(nul.contains("U+0000") && nul.contains(r#""a\\u{0}b""#), "{nul}");
+        assert!(check_key("key", "a\nb").unwrap_err().contains("U+000A"));
+        assert_eq!(check_key("key", "ünïcödé ok"), Ok(()));
+    }
+
+    #[test]
+    fn printable_escapes_and_cuts() {
+        assert_eq!(printable("a\0b", 80), "a\\u{0}b");
+        assert_eq!(printable(&"x".repeat(100), 10), format!("{}…", "x".repeat(10)));
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod conformance;
 mod crash;
 mod docs;
 mod guarantees;
+mod hostile_keys;
 mod operating;
 mod outage;
 mod pool;

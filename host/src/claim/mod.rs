@@ -125,14 +125,41 @@ pub struct JournalEntry {
 /// answer with `false` when the fence is stale).
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError {
-    /// The store could not be reached or failed.
+    /// The store could not be reached or failed: an outage (G8).
     #[error("claim store unavailable: {0}")]
     Unavailable(String),
+    /// The store answered, refusing what it was given (a value it cannot
+    /// hold, a limit of the statement): about the items, not an outage.
+    #[error("claim store refused the request: {0}")]
+    Rejected(String),
 }
 
 impl From<sqlx::Error> for ClaimError {
     fn from(e: sqlx::Error) -> Self {
-        ClaimError::Unavailable(e.to_string())
+        if refuses_the_data(&e) {
+            ClaimError::Rejected(e.to_string())
+        } else {
+            ClaimError::Unavailable(e.to_string())
+        }
+    }
+}
+
+/// Is this an error about the statement's data rather than the server or
+/// the connection? Postgres says so by SQLSTATE class: 22 (data exception:
+/// a NUL in text, a bad encoding, a value out of range), 23 (integrity
+/// constraint), 54 (program limit: an index row too large). Connection,
+/// resource and operator classes (08, 53, 57, 58) and every non-database
+/// error (I/O, pool timeout, TLS) are outages.
+pub(crate) fn refuses_the_data(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d.code().is_some_and(|code| {
+            let class = code.get(..2).unwrap_or_default();
+            d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() && matches!(class, "22" | "23" | "54")
+                // SQLite: TOOBIG, CONSTRAINT, MISMATCH, RANGE (primary codes).
+                || d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                    && code.parse::<i32>().is_ok_and(|n| matches!(n & 0xff, 18 | 19 | 20 | 25))
+        }),
+        _ => false,
     }
 }
 

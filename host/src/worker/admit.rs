@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::Worker;
 use crate::claim::{ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::OutagePolicy;
-use crate::envelope::{derive_key, payload_hash, Delivery, Envelope};
+use crate::envelope::{check_key, derive_key, payload_hash, printable, Delivery, Envelope, MAX_KEY_BYTES};
 use crate::now_ms;
 use crate::plugin::PluginInfo;
 use crate::runtime::Plugin;
@@ -107,10 +107,10 @@ pub(super) fn check(e: &Envelope, plugin: Option<&PluginInfo>, loaded: impl FnOn
             plugin.name
         ));
     }
-    if e.id.is_empty() {
-        return Err("message id is empty".into());
-    }
-    derive_key(e, plugin.key_pointer.as_deref())
+    check_key("message id", &e.id)?;
+    let key = derive_key(e, plugin.key_pointer.as_deref())?;
+    check_key("idempotency key", &key)?;
+    Ok(key)
 }
 
 /// What admitting a batch gave.
@@ -159,14 +159,21 @@ impl Worker {
         self.claim(candidates).await
     }
 
-    /// Dead-letter deliveries that failed validation, then ack them.
+    /// Dead-letter deliveries that failed validation, then ack them. What
+    /// identifies them (handler, id) is stored escaped and bounded: it is
+    /// what may have made them invalid.
     async fn reject(&self, rejected: Vec<(Delivery, String)>) {
+        let names: Vec<(String, String)> = rejected
+            .iter()
+            .map(|(d, _)| (printable(&d.envelope.handler, 128), printable(&d.envelope.id, MAX_KEY_BYTES)))
+            .collect();
         let items: Vec<DeadLetterRequest> = rejected
             .iter()
-            .map(|(d, reason)| DeadLetterRequest {
-                plugin: &d.envelope.handler,
-                key: &d.envelope.id,
-                msg_id: &d.envelope.id,
+            .zip(&names)
+            .map(|((d, reason), (handler, id))| DeadLetterRequest {
+                plugin: handler,
+                key: id,
+                msg_id: id,
                 headers: &d.envelope.headers,
                 payload: &d.envelope.payload,
                 reason,
@@ -196,22 +203,7 @@ impl Worker {
     /// Claim the candidates in one round trip and act on each outcome.
     async fn claim(&self, candidates: Vec<Candidate>) -> Admitted {
         let c = &self.counters;
-        let requests: Vec<ClaimRequest> = candidates
-            .iter()
-            .map(|k| ClaimRequest {
-                plugin: &k.plugin.name,
-                key: &k.key,
-                msg_id: &k.envelope.id,
-                payload_hash: &k.payload_hash,
-                headers: &k.envelope.headers,
-                payload: &k.envelope.payload,
-                owner: &self.options.owner,
-                lease_ms: self.options.lease.as_millis() as i64,
-                max_attempts: self.options.retry.max_attempts,
-                plugin_version: &k.plugin.version,
-            })
-            .collect();
-        let outcomes = match self.backends.claims.claim(&requests, now_ms()).await {
+        let outcomes = match self.claim_batch(&candidates).await {
             Ok(o) => o,
             Err(e) => {
                 return Admitted {
@@ -220,11 +212,17 @@ impl Worker {
                 }
             }
         };
-        drop(requests);
         let mut run = Vec::new();
         let mut acks = Vec::new();
         for (k, outcome) in candidates.into_iter().zip(outcomes) {
             let (msg_id, key) = (&k.envelope.id, &k.key);
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(why) => {
+                    self.refused_by_the_store(k, &why).await;
+                    continue;
+                }
+            };
             match answer(outcome, self.options.busy_retry) {
                 Answer::Run { fence, attempt, traps } => {
                     let claim = ClaimRef {
@@ -266,6 +264,77 @@ impl Worker {
         }
         self.ack(acks.iter().map(String::as_str).collect()).await;
         Admitted { run, outage: false }
+    }
+
+    /// Claim a batch in one round trip. If the store refuses the batch for
+    /// what one of its items holds, claim the items one by one, so the bad
+    /// one is refused alone (its error is its outcome) and the others run.
+    /// Only an unreachable store is an outage.
+    async fn claim_batch(&self, candidates: &[Candidate]) -> Result<Vec<Result<ClaimOutcome, String>>, ClaimError> {
+        let requests: Vec<ClaimRequest> = candidates
+            .iter()
+            .map(|k| ClaimRequest {
+                plugin: &k.plugin.name,
+                key: &k.key,
+                msg_id: &k.envelope.id,
+                payload_hash: &k.payload_hash,
+                headers: &k.envelope.headers,
+                payload: &k.envelope.payload,
+                owner: &self.options.owner,
+                lease_ms: self.options.lease.as_millis() as i64,
+                max_attempts: self.options.retry.max_attempts,
+                plugin_version: &k.plugin.version,
+            })
+            .collect();
+        match self.backends.claims.claim(&requests, now_ms()).await {
+            Ok(outcomes) => Ok(outcomes.into_iter().map(Ok).collect()),
+            Err(ClaimError::Rejected(why)) if requests.len() > 1 => {
+                tracing::warn!(%why, count = requests.len(), "the claim store refused a batch; claiming its messages one by one");
+                let mut out = Vec::with_capacity(requests.len());
+                for r in &requests {
+                    match self.backends.claims.claim(std::slice::from_ref(r), now_ms()).await {
+                        Ok(mut o) => out.push(Ok(o.pop().expect("one outcome per request"))),
+                        Err(ClaimError::Rejected(why)) => out.push(Err(why)),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(out)
+            }
+            Err(ClaimError::Rejected(why)) => Ok(vec![Err(why)]),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The claim store refused this message's claim for what it holds:
+    /// dead-letter it (what identifies it escaped and bounded) and ack.
+    async fn refused_by_the_store(&self, k: Candidate, why: &str) {
+        let reason = format!("the claim store refused this message's claim: {why}");
+        let (plugin, key, msg_id) = (
+            printable(&k.plugin.name, 128),
+            printable(&k.key, MAX_KEY_BYTES),
+            printable(&k.envelope.id, MAX_KEY_BYTES),
+        );
+        let item = DeadLetterRequest {
+            plugin: &plugin,
+            key: &key,
+            msg_id: &msg_id,
+            headers: &k.envelope.headers,
+            payload: &k.envelope.payload,
+            reason: &reason,
+            fence: None,
+            plugin_version: Some(&k.plugin.version),
+        };
+        match self.backends.claims.dead_letter(&[item], now_ms()).await {
+            Ok(_) => {
+                Counters::inc(&self.counters.dead_lettered);
+                tracing::warn!(%msg_id, %key, %reason, "dead-lettered");
+                self.ack(vec![&k.receipt]).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, %msg_id, "cannot record the dead letter; leaving the delivery unacked");
+                self.nack(&k.receipt, self.options.busy_retry).await;
+            }
+        }
     }
 
     /// G8: the claim store is unreachable.
@@ -354,6 +423,18 @@ mod tests {
         let big = check(&envelope("m1", "p", &"x".repeat(33)), Some(&p), loaded).unwrap_err();
         assert!(big.contains("33 bytes exceeds limits.max_payload_bytes = 32"), "{big}");
         assert_eq!(check(&envelope("", "p", "{}"), Some(&p), loaded), Err("message id is empty".into()));
+        let nul_key = check(
+            &envelope("m1", "p", r#"{"order":"a\u0000b"}"#),
+            Some(&plugin(Some("/order"), &[])),
+            loaded,
+        );
+        let nul_key = nul_key.unwrap_err();
+        assert!(
+            nul_key.starts_with(r#"idempotency key "a\\u{0}b" contains the control character U+0000"#),
+            "{nul_key}"
+        );
+        let long_id = check(&envelope(&"m".repeat(MAX_KEY_BYTES + 1), "p", "{}"), Some(&p), loaded).unwrap_err();
+        assert!(long_id.starts_with("message id is 513 bytes long"), "{long_id}");
         let natural = plugin(Some("/order"), &[]);
         let keyless = check(&envelope("m1", "p", "{}"), Some(&natural), loaded).unwrap_err();
         assert!(keyless.contains("no value at /order"), "{keyless}");

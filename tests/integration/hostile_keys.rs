@@ -1,0 +1,141 @@
+//! Keys and message ids a claim store cannot hold (a NUL, 10 KB) are
+//! dead-lettered at admission with their reason, alone: their batch-mates
+//! run, and nothing is mistaken for a claim-store outage. On SQLite,
+//! Postgres and Redis claims (each as a deployment combines them).
+
+use std::time::Duration;
+
+use idem_host::app::Pool;
+use idem_host::config::{StoreConfig, StoreKind};
+use serde_json::json;
+
+use crate::common::*;
+
+async fn bad_keys_are_dead_lettered_alone(kind: StoreKind) {
+    let mut env = Env::new().await;
+    env.config.namespace = unique_namespace("keys");
+    match kind {
+        StoreKind::Sqlite => {}
+        StoreKind::Postgres => {
+            let pg = StoreConfig {
+                kind: StoreKind::Postgres,
+                url: Some(services::postgres()),
+                ..StoreConfig::default()
+            };
+            env.config.claims = pg.clone();
+            env.config.data = pg;
+        }
+        // As in examples/redis-postgres.toml: data in Postgres, fenced by
+        // the tokens the Redis claims hand out.
+        StoreKind::Redis => {
+            env.config.claims = StoreConfig {
+                kind: StoreKind::Redis,
+                url: Some(services::redis()),
+                ..StoreConfig::default()
+            };
+            env.config.data = StoreConfig {
+                kind: StoreKind::Postgres,
+                url: Some(services::postgres()),
+                ..StoreConfig::default()
+            };
+        }
+    }
+    let pool = Pool::start(&env.config).await.unwrap();
+    // record-payment takes its key from /payment_id: one with a NUL, one of
+    // 10 KB, and ten good ones, published in one batch.
+    let mut batch = vec![
+        envelope(
+            "m-nul",
+            "record-payment",
+            json!({ "payment_id": "pay\u{0}x", "customer": "c", "amount_cents": 1 }),
+        ),
+        envelope(
+            "m-long",
+            "record-payment",
+            json!({ "payment_id": "p".repeat(10_000), "customer": "c", "amount_cents": 1 }),
+        ),
+    ];
+    for i in 0..10 {
+        batch.push(envelope(
+            &format!("m-{i}"),
+            "record-payment",
+            json!({ "payment_id": format!("pay-key-{i}"), "customer": "c", "amount_cents": 100 + i }),
+        ));
+    }
+    pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "10 done and 2 dead letters", || async {
+        let c = pool.backends.admin.counts().await.unwrap();
+        c.done == 10 && c.dead_letters == 2
+    })
+    .await;
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
+    let reason = |id: &str| {
+        letters
+            .iter()
+            .find(|d| d.msg_id == id)
+            .map(|d| d.reason.clone())
+            .unwrap_or_default()
+    };
+    assert!(reason("m-nul").contains("control character U+0000"), "{letters:?}");
+    assert!(reason("m-long").contains("10000 bytes long"), "{letters:?}");
+    let counters = pool.counters.snapshot();
+    assert_eq!(counters.outage_decisions, 0, "{counters:?}");
+    assert_eq!(env.mock.double_effects(), 0);
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_are_dead_lettered_alone_on_sqlite_claims() {
+    bad_keys_are_dead_lettered_alone(StoreKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_are_dead_lettered_alone_on_postgres_claims() {
+    bad_keys_are_dead_lettered_alone(StoreKind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_are_dead_lettered_alone_on_redis_claims() {
+    bad_keys_are_dead_lettered_alone(StoreKind::Redis).await;
+}
+
+/// Behind the admission check, the store itself tells a refusal of the
+/// data from an outage: Postgres refuses a NUL in a key as data (SQLSTATE
+/// class 22), which is never counted as the store being down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refusing_a_key_is_not_an_outage() {
+    let mut config = idem_host::config::Config::default();
+    config.namespace = unique_namespace("refuse");
+    config.claims = StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(services::postgres()),
+        ..StoreConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    config.database.path = dir.path().join("idem.db");
+    let backends = idem_host::backend::open(&config).await.unwrap();
+    let request = |key: &'static str| idem_host::claim::ClaimRequest {
+        plugin: "p",
+        key,
+        msg_id: "m",
+        payload_hash: "h",
+        headers: &[],
+        payload: b"",
+        owner: "w",
+        lease_ms: 1_000,
+        max_attempts: 3,
+        plugin_version: "v",
+    };
+    let err = backends
+        .claims
+        .claim(&[request("ok"), request("bad\0key")], 1_000)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idem_host::claim::ClaimError::Rejected(_)), "{err:?}");
+    // The statement failed as a whole: the good key was not claimed either.
+    let again = backends.claims.claim(&[request("ok")], 1_000).await.unwrap();
+    assert!(
+        matches!(again[0], idem_host::claim::ClaimOutcome::Acquired { fence: 1, .. }),
+        "{again:?}"
+    );
+}
