@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = derive_key(&envelope, Some(pointer).filter(|p| !p.is_empty()));
         }
         let _ = payload_hash(&envelope.payload);
-        assert_eq!(idempotency_key("p", &envelope.id, "s").len(), 32);
+        assert_eq!(idempotency_key("ns", "api", "p", &envelope.id, "s").len(), 32);
     }
     // Raw bytes as a payload under a JSON-pointer key: an error, never a panic.
     let raw = Envelope { id: "m".into(), handler: "h".into(), headers: vec![], payload: data.to_vec() };

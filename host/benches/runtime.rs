@@ -95,7 +95,7 @@ fn runtime_benches(c: &mut Criterion) {
         let caps = Arc::new(Capabilities {
             data: Arc::new(MemoryStore::default()),
             claims: Arc::new(idem_host::claim::sqlite::SqliteClaims::new(claims_pool)),
-            effects: Endpoints::new(Default::default()).unwrap(),
+            effects: Endpoints::new("bench", Default::default()).unwrap(),
             counters: Arc::new(Counters::default()),
             hooks: Default::default(),
         });

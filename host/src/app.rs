@@ -102,7 +102,7 @@ impl Pool {
         let caps = Arc::new(Capabilities {
             data: backends.data.clone(),
             claims: backends.claims.clone(),
-            effects: Endpoints::new(config.endpoints.clone()).context("effects")?,
+            effects: Endpoints::new(&config.namespace, config.endpoints.clone()).context("effects")?,
             counters: counters.clone(),
             hooks,
         });

@@ -57,11 +57,15 @@ pub fn payload_hash(payload: &[u8]) -> String {
 }
 
 /// The stable `Idempotency-Key` sent with every attempt of one external
-/// call step.
-pub fn idempotency_key(plugin: &str, key: &str, step: &str) -> String {
+/// call step: a hash of the deployment's namespace, the endpoint's name, the
+/// plugin, the message key and the step. The namespace keeps two
+/// deployments (staging and production) that call one API from sharing
+/// keys, and so each other's cached answers; the endpoint keeps two APIs
+/// behind one step name apart.
+pub fn idempotency_key(namespace: &str, endpoint: &str, plugin: &str, key: &str, step: &str) -> String {
     let mut h = Sha256::new();
-    h.update(b"idem/v1");
-    for part in [plugin, key, step] {
+    h.update(b"idem/v2");
+    for part in [namespace, endpoint, plugin, key, step] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -184,11 +188,20 @@ mod tests {
 
     #[test]
     fn idempotency_key_is_stable_and_distinct_per_step() {
-        let a = idempotency_key("p", "k", "charge");
-        assert_eq!(a, idempotency_key("p", "k", "charge"));
-        assert_ne!(a, idempotency_key("p", "k", "email"));
-        assert_ne!(a, idempotency_key("p", "k2", "charge"));
-        assert_ne!(idempotency_key("p", "k\0x", "y"), idempotency_key("p", "k", "x\0y"));
+        let a = idempotency_key("ns", "api", "p", "k", "charge");
+        assert_eq!(a, idempotency_key("ns", "api", "p", "k", "charge"));
+        assert_ne!(a, idempotency_key("ns", "api", "p", "k", "email"));
+        assert_ne!(a, idempotency_key("ns", "api", "p", "k2", "charge"));
+        assert_ne!(
+            a,
+            idempotency_key("staging", "api", "p", "k", "charge"),
+            "namespaces never share keys"
+        );
+        assert_ne!(a, idempotency_key("ns", "other-api", "p", "k", "charge"), "nor do endpoints");
+        assert_ne!(
+            idempotency_key("ns", "api", "p", "k\0x", "y"),
+            idempotency_key("ns", "api", "p", "k", "x\0y")
+        );
         assert_eq!(a.len(), 32);
     }
 

@@ -176,7 +176,16 @@ async fn the_worker_runs_on_redis() {
     pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
     drain(&pool).await;
 
-    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-long", "charge")), 1);
+    assert_eq!(
+        env.mock.requests_for(&idempotency_key(
+            &env.config.namespace,
+            "payments-api",
+            "record-payment",
+            "pay-long",
+            "charge"
+        )),
+        1
+    );
     assert_eq!(env.mock.performed("payments", "pay-dup"), 1);
     assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 10);
     let letters = pool.backends.admin.dead_letters(10).await.unwrap();

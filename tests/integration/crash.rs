@@ -86,7 +86,16 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     .await;
 
     // The charge was sent once and replayed from the journal after the crash.
-    assert_eq!(env.mock.requests_for(&idempotency_key("fulfil-order", "ord-crash", "charge")), 1);
+    assert_eq!(
+        env.mock.requests_for(&idempotency_key(
+            &env.config.namespace,
+            "payments-api",
+            "fulfil-order",
+            "ord-crash",
+            "charge"
+        )),
+        1
+    );
     for api in ["payments", "inventory", "email"] {
         assert_eq!(env.mock.performed(api, "ord-crash"), 1, "{api}");
     }

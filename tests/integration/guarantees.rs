@@ -33,7 +33,16 @@ async fn g1_sequential_duplicates_have_one_effect() {
     assert_eq!(c.duplicates, 4, "{c:?}");
     assert_eq!(pool.backends.data.scan("payments").await.unwrap().len(), 1);
     assert_eq!(receipts(&pool).await.len(), 1);
-    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-seq", "charge")), 1);
+    assert_eq!(
+        env.mock.requests_for(&idempotency_key(
+            &env.config.namespace,
+            "payments-api",
+            "record-payment",
+            "pay-seq",
+            "charge"
+        )),
+        1
+    );
     assert_eq!(env.mock.performed("payments", "pay-seq"), 1);
     assert_eq!(env.mock.calls_after_journal(), 0);
     assert_eq!(state(&pool, "record-payment", "pay-seq").await, Some("done"));
@@ -62,7 +71,16 @@ async fn g3_concurrent_duplicates_run_once() {
     assert_eq!(c.executions, 1, "{c:?}");
     assert_eq!(c.duplicates, 4, "{c:?}");
     assert_eq!(c.done, 1, "{c:?}");
-    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-conc", "charge")), 1);
+    assert_eq!(
+        env.mock.requests_for(&idempotency_key(
+            &env.config.namespace,
+            "payments-api",
+            "record-payment",
+            "pay-conc",
+            "charge"
+        )),
+        1
+    );
     assert_eq!(env.mock.performed("payments", "pay-conc"), 1);
     assert_eq!(env.mock.calls_after_journal(), 0);
     assert_eq!(pool.backends.data.scan("payments").await.unwrap().len(), 1);
@@ -105,7 +123,16 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
 
     // Exactly one charge was performed; both attempts carried the same key.
     assert_eq!(env.mock.performed("payments", "pay-fence"), 1);
-    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-fence", "charge")), 2);
+    assert_eq!(
+        env.mock.requests_for(&idempotency_key(
+            &env.config.namespace,
+            "payments-api",
+            "record-payment",
+            "pay-fence",
+            "charge"
+        )),
+        2
+    );
     let pool = env.start().await;
     let rows = pool.backends.data.scan("receipts").await.unwrap();
     assert_eq!(rows.len(), 1);
@@ -131,7 +158,16 @@ async fn g5_long_handler_keeps_its_lease() {
     assert_eq!(c.done, 1, "{c:?}");
     assert_eq!(c.busy, 0, "no redelivery while the lease was extended: {c:?}");
     assert!(c.lease_extensions >= 5, "the heartbeat extended the lease: {c:?}");
-    assert_eq!(env.mock.requests_for(&idempotency_key("record-payment", "pay-long", "charge")), 1);
+    assert_eq!(
+        env.mock.requests_for(&idempotency_key(
+            &env.config.namespace,
+            "payments-api",
+            "record-payment",
+            "pay-long",
+            "charge"
+        )),
+        1
+    );
     pool.stop().await.unwrap();
 }
 
@@ -243,8 +279,15 @@ async fn multi_step_retry_resumes_instead_of_restarting() {
     );
     for (api, step) in [("payments", "charge"), ("inventory", "reserve"), ("email", "send-email")] {
         assert_eq!(env.mock.performed(api, "ord-resume"), 1, "{api}");
+        let endpoint = format!("{api}-api");
         assert_eq!(
-            env.mock.requests_for(&idempotency_key("fulfil-order", "ord-resume", step)),
+            env.mock.requests_for(&idempotency_key(
+                &env.config.namespace,
+                &endpoint,
+                "fulfil-order",
+                "ord-resume",
+                step
+            )),
             2,
             "{step}: one failure, one success"
         );

@@ -104,14 +104,16 @@ async fn bad_keys_are_dead_lettered_alone_on_redis_claims() {
 /// class 22), which is never counted as the store being down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_refusing_a_key_is_not_an_outage() {
-    let mut config = idem_host::config::Config::default();
-    config.namespace = unique_namespace("refuse");
-    config.claims = StoreConfig {
-        kind: StoreKind::Postgres,
-        url: Some(services::postgres()),
-        ..StoreConfig::default()
-    };
     let dir = tempfile::tempdir().unwrap();
+    let mut config = idem_host::config::Config {
+        namespace: unique_namespace("refuse"),
+        claims: StoreConfig {
+            kind: StoreKind::Postgres,
+            url: Some(services::postgres()),
+            ..StoreConfig::default()
+        },
+        ..idem_host::config::Config::default()
+    };
     config.database.path = dir.path().join("idem.db");
     let backends = idem_host::backend::open(&config).await.unwrap();
     let request = |key: &'static str| idem_host::claim::ClaimRequest {

@@ -17,18 +17,24 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 /// Configured endpoints and one HTTP client (connections are reused).
 #[derive(Clone)]
 pub struct Endpoints {
+    /// The deployment's namespace, part of every `Idempotency-Key`.
+    namespace: String,
     endpoints: BTreeMap<String, EndpointConfig>,
     client: reqwest::Client,
 }
 
 impl Endpoints {
-    /// Endpoints by name.
-    pub fn new(endpoints: BTreeMap<String, EndpointConfig>) -> anyhow::Result<Self> {
+    /// Endpoints by name, for the deployment `namespace`.
+    pub fn new(namespace: &str, endpoints: BTreeMap<String, EndpointConfig>) -> anyhow::Result<Self> {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
             .build()
             .map_err(|e| anyhow::anyhow!("cannot create the HTTP client for effects: {e}"))?;
-        Ok(Endpoints { endpoints, client })
+        Ok(Endpoints {
+            namespace: namespace.to_string(),
+            endpoints,
+            client,
+        })
     }
 
     /// Look up one endpoint.
@@ -111,7 +117,7 @@ async fn call(
             "endpoint {endpoint:?} is not configured; add [endpoints.{endpoint}] with its url"
         ))));
     };
-    let idem_key = idempotency_key(&plugin.name, &key, &step);
+    let idem_key = idempotency_key(&caps.effects.namespace, &endpoint, &plugin.name, &key, &step);
     Counters::inc(&caps.counters.external_calls);
     let sent = caps
         .effects

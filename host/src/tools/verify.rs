@@ -272,6 +272,7 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
         .await?;
     let stub = Mock::start(Duration::ZERO).await?;
     let endpoints = Endpoints::new(
+        &config.namespace,
         p.endpoints
             .iter()
             .map(|e| {
