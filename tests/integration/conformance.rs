@@ -70,8 +70,11 @@ pub async fn claim_store_conformance(b: &Backends) {
         .unwrap();
     assert_eq!(out, vec![ClaimOutcome::Conflict]);
 
-    // The heartbeat extends the lease.
+    // The heartbeat extends the lease (to t0 + 1500); an extension that
+    // would end it sooner (a worker with a shorter lease setting, or a
+    // clock behind) never shortens it.
     assert_eq!(claims.extend(std::slice::from_ref(&f1), 1_000, t0 + 500).await.unwrap(), vec![true]);
+    assert_eq!(claims.extend(std::slice::from_ref(&f1), 100, t0 + 600).await.unwrap(), vec![true]);
     let out = claims.claim(&[request("k1", &hash, payload, 3)], t0 + 1_200).await.unwrap();
     assert!(matches!(out[0], ClaimOutcome::Busy { .. }), "extended lease still live: {out:?}");
 
