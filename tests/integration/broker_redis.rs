@@ -137,7 +137,6 @@ async fn the_group_is_recreated_when_redis_loses_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_runs_on_redis() {
     use idem_host::config::BrokerKind;
-    use idem_host::envelope::idempotency_key;
     use serde_json::json;
 
     use crate::common::{drain, envelope as message, Env};
@@ -176,16 +175,7 @@ async fn the_worker_runs_on_redis() {
     pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
     drain(&pool).await;
 
-    assert_eq!(
-        env.mock.requests_for(&idempotency_key(
-            &env.config.namespace,
-            "payments-api",
-            "record-payment",
-            "pay-long",
-            "charge"
-        )),
-        1
-    );
+    assert_eq!(env.step_requests("payments-api", "record-payment", "pay-long", "charge"), 1);
     assert_eq!(env.mock.performed("payments", "pay-dup"), 1);
     assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 10);
     let letters = pool.backends.admin.dead_letters(10).await.unwrap();

@@ -42,6 +42,13 @@ pub struct Env {
 }
 
 impl Env {
+    /// Requests the mock received for one step of one message: those that
+    /// carried the step's `Idempotency-Key` in this environment's namespace.
+    pub fn step_requests(&self, endpoint: &str, plugin: &str, key: &str, step: &str) -> u32 {
+        let idem_key = idem_host::envelope::idempotency_key(&self.config.namespace, endpoint, plugin, key, step);
+        self.mock.requests_for(&idem_key)
+    }
+
     /// Every example plugin, granted what it needs, on a fresh database.
     pub async fn new() -> Env {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -6,7 +6,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use idem_host::claim::ClaimState;
-use idem_host::envelope::idempotency_key;
 use serde_json::json;
 
 use crate::common::*;
@@ -86,16 +85,7 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     .await;
 
     // The charge was sent once and replayed from the journal after the crash.
-    assert_eq!(
-        env.mock.requests_for(&idempotency_key(
-            &env.config.namespace,
-            "payments-api",
-            "fulfil-order",
-            "ord-crash",
-            "charge"
-        )),
-        1
-    );
+    assert_eq!(env.step_requests("payments-api", "fulfil-order", "ord-crash", "charge"), 1);
     for api in ["payments", "inventory", "email"] {
         assert_eq!(env.mock.performed(api, "ord-crash"), 1, "{api}");
     }

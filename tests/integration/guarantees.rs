@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use idem_host::envelope::idempotency_key;
 use serde_json::json;
 
 use crate::common::*;
@@ -33,16 +32,7 @@ async fn g1_sequential_duplicates_have_one_effect() {
     assert_eq!(c.duplicates, 4, "{c:?}");
     assert_eq!(pool.backends.data.scan("payments").await.unwrap().len(), 1);
     assert_eq!(receipts(&pool).await.len(), 1);
-    assert_eq!(
-        env.mock.requests_for(&idempotency_key(
-            &env.config.namespace,
-            "payments-api",
-            "record-payment",
-            "pay-seq",
-            "charge"
-        )),
-        1
-    );
+    assert_eq!(env.step_requests("payments-api", "record-payment", "pay-seq", "charge"), 1);
     assert_eq!(env.mock.performed("payments", "pay-seq"), 1);
     assert_eq!(env.mock.calls_after_journal(), 0);
     assert_eq!(state(&pool, "record-payment", "pay-seq").await, Some("done"));
@@ -71,16 +61,7 @@ async fn g3_concurrent_duplicates_run_once() {
     assert_eq!(c.executions, 1, "{c:?}");
     assert_eq!(c.duplicates, 4, "{c:?}");
     assert_eq!(c.done, 1, "{c:?}");
-    assert_eq!(
-        env.mock.requests_for(&idempotency_key(
-            &env.config.namespace,
-            "payments-api",
-            "record-payment",
-            "pay-conc",
-            "charge"
-        )),
-        1
-    );
+    assert_eq!(env.step_requests("payments-api", "record-payment", "pay-conc", "charge"), 1);
     assert_eq!(env.mock.performed("payments", "pay-conc"), 1);
     assert_eq!(env.mock.calls_after_journal(), 0);
     assert_eq!(pool.backends.data.scan("payments").await.unwrap().len(), 1);
@@ -123,16 +104,7 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
 
     // Exactly one charge was performed; both attempts carried the same key.
     assert_eq!(env.mock.performed("payments", "pay-fence"), 1);
-    assert_eq!(
-        env.mock.requests_for(&idempotency_key(
-            &env.config.namespace,
-            "payments-api",
-            "record-payment",
-            "pay-fence",
-            "charge"
-        )),
-        2
-    );
+    assert_eq!(env.step_requests("payments-api", "record-payment", "pay-fence", "charge"), 2);
     let pool = env.start().await;
     let rows = pool.backends.data.scan("receipts").await.unwrap();
     assert_eq!(rows.len(), 1);
@@ -158,16 +130,7 @@ async fn g5_long_handler_keeps_its_lease() {
     assert_eq!(c.done, 1, "{c:?}");
     assert_eq!(c.busy, 0, "no redelivery while the lease was extended: {c:?}");
     assert!(c.lease_extensions >= 5, "the heartbeat extended the lease: {c:?}");
-    assert_eq!(
-        env.mock.requests_for(&idempotency_key(
-            &env.config.namespace,
-            "payments-api",
-            "record-payment",
-            "pay-long",
-            "charge"
-        )),
-        1
-    );
+    assert_eq!(env.step_requests("payments-api", "record-payment", "pay-long", "charge"), 1);
     pool.stop().await.unwrap();
 }
 
@@ -281,13 +244,7 @@ async fn multi_step_retry_resumes_instead_of_restarting() {
         assert_eq!(env.mock.performed(api, "ord-resume"), 1, "{api}");
         let endpoint = format!("{api}-api");
         assert_eq!(
-            env.mock.requests_for(&idempotency_key(
-                &env.config.namespace,
-                &endpoint,
-                "fulfil-order",
-                "ord-resume",
-                step
-            )),
+            env.step_requests(&endpoint, "fulfil-order", "ord-resume", step),
             2,
             "{step}: one failure, one success"
         );

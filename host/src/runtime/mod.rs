@@ -46,13 +46,6 @@ impl Deref for Plugin {
     }
 }
 
-impl Plugin {
-    /// Its identity and sandbox settings, shared with every execution.
-    pub fn info(&self) -> &Arc<PluginInfo> {
-        &self.info
-    }
-}
-
 /// How a plugin's handler runs.
 enum Code {
     /// A WebAssembly component, pre-linked: a fresh instance per message.

@@ -122,11 +122,6 @@ impl Worker {
         &self.options
     }
 
-    /// Its counters.
-    pub fn counters(&self) -> &Arc<Counters> {
-        &self.counters
-    }
-
     /// Recent handler durations per plugin.
     pub fn durations(&self) -> &Durations {
         &self.durations
