@@ -3,12 +3,13 @@
 -- KEYS[2]   dead-letter id sequence
 -- KEYS[3]   list of dead-letter ids, newest first
 -- KEYS[3+i] claim hash of request i
+-- KEYS[#KEYS] sorted set of settled claims by time (retention)
 -- ARGV[1]   now (ms)
 -- ARGV[2]   key prefix of dead-letter hashes
 -- ARGV[3+10(i-1) ..] per request: plugin, key, msg_id, payload_hash, owner,
 --           lease_ms, max_attempts, plugin_version, headers (JSON), payload
 -- Returns per request: {"acquired", fence, attempt, traps} | {"done"} |
---   {"dead"} | {"busy", retry_after_ms} | {"conflict"} | {"exhausted", attempts}
+--   {"dead"} | {"busy", retry_after_ms} | {"conflict"} | {"exhausted", attempts, retired fence}
 local now = tonumber(ARGV[1])
 local dl_prefix = ARGV[2]
 local out = {}
@@ -28,7 +29,8 @@ local function move(from, to)
   end
 end
 
-for i = 1, #KEYS - 3 do
+local settled = KEYS[#KEYS]
+for i = 1, #KEYS - 4 do
   local b = 2 + (i - 1) * 10
   local plugin, key, msg_id, hash, owner = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
   local lease_ms, max_attempts, version = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), ARGV[b + 8]
@@ -66,10 +68,13 @@ for i = 1, #KEYS - 3 do
         last = 'the worker running it stopped (crash or kill) before settling'
       end
       local reason = 'attempts exhausted: ' .. attempts .. ' of ' .. max_attempts .. ' made; last error: ' .. last
-      redis.call('HSET', ck, 'state', 'dead', 'owner', '', 'lease_until', 0, 'last_error', reason, 'updated_at', now)
+      -- Retired: the fence grows, so a zombie holding the old one is refused.
+      redis.call('HSET', ck, 'state', 'dead', 'fence', fence + 1, 'owner', '', 'lease_until', 0,
+        'last_error', reason, 'updated_at', now)
       move(state, 'dead')
+      redis.call('ZADD', settled, now, ck)
       dead_letter(plugin, key, msg_id, headers, payload, reason, attempts, version, tonumber(c[9]))
-      out[i] = {'exhausted', attempts}
+      out[i] = {'exhausted', attempts, fence + 1}
     else
       redis.call('HSET', ck, 'state', 'running', 'fence', fence + 1, 'attempts', attempts + 1,
         'owner', owner, 'lease_until', now + lease_ms, 'plugin_version', version, 'updated_at', now)

@@ -1,7 +1,8 @@
 -- Record a dead letter; for a claimed message only if its fence is current,
 -- marking the claim dead in the same step.
 -- KEYS[1] hash of claim counts by state, KEYS[2] dead-letter id sequence,
--- KEYS[3] list of dead-letter ids, KEYS[4] claim hash
+-- KEYS[3] list of dead-letter ids, KEYS[4] claim hash, KEYS[5] sorted set of
+-- settled claims by time (retention)
 -- ARGV[1] fence ('' = not claimed), ARGV[2] plugin, ARGV[3] key, ARGV[4] msg_id,
 -- ARGV[5] headers, ARGV[6] payload, ARGV[7] reason, ARGV[8] plugin_version,
 -- ARGV[9] now, ARGV[10] key prefix of dead-letter hashes
@@ -14,9 +15,12 @@ if ARGV[1] ~= '' then
     return 0
   end
   attempts, first_seen, version = c[3], c[4], c[5] or ARGV[8]
-  redis.call('HSET', KEYS[4], 'state', 'dead', 'owner', '', 'lease_until', 0, 'last_error', ARGV[7], 'updated_at', now)
+  -- Retired: the fence grows, as on every claim store.
+  redis.call('HSET', KEYS[4], 'state', 'dead', 'fence', tonumber(c[1]) + 1, 'owner', '', 'lease_until', 0,
+    'last_error', ARGV[7], 'updated_at', now)
   redis.call('HINCRBY', KEYS[1], 'running', -1)
   redis.call('HINCRBY', KEYS[1], 'dead', 1)
+  redis.call('ZADD', KEYS[5], now, KEYS[4])
 end
 local id = redis.call('INCR', KEYS[2])
 redis.call('HSET', ARGV[10] .. id, 'id', id, 'plugin', ARGV[2], 'key', ARGV[3], 'msg_id', ARGV[4],

@@ -29,6 +29,7 @@ pub struct Pool {
     /// Cancel to stop fetching; [`Pool::join`] then waits for running handlers.
     pub shutdown: CancellationToken,
     task: JoinHandle<Result<()>>,
+    sweeper: JoinHandle<()>,
 }
 
 /// Runtime options that fit a configuration.
@@ -87,6 +88,9 @@ impl Pool {
         natives: Vec<(String, Arc<dyn NativeHandler>)>,
     ) -> Result<Pool> {
         let backends = backend::open(config).await?;
+        for (name, p) in &config.plugins {
+            crate::plugin::check_key_pointer(backends.admin.as_ref(), name, p.key_pointer.as_deref()).await?;
+        }
         let runtime = Arc::new(Runtime::new(runtime_options(config))?);
         let mut components = config.clone();
         for (name, handler) in natives {
@@ -109,6 +113,11 @@ impl Pool {
         let worker = Worker::new(backends.clone(), runtime.clone(), caps, options);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(worker.clone().run(shutdown.clone()));
+        let sweeper = tokio::spawn(crate::retention::sweep_loop(
+            backends.clone(),
+            config.retention.clone(),
+            shutdown.clone(),
+        ));
         Ok(Pool {
             backends,
             runtime,
@@ -116,12 +125,15 @@ impl Pool {
             counters,
             shutdown,
             task,
+            sweeper,
         })
     }
 
     /// Wait until the pool has stopped (after `shutdown` is cancelled).
     pub async fn join(self) -> Result<()> {
-        self.task.await.context("worker task panicked")?
+        let worker = self.task.await.context("worker task panicked")?;
+        self.sweeper.await.context("retention sweeper panicked")?;
+        worker
     }
 
     /// Stop fetching and wait for running handlers.
@@ -144,6 +156,11 @@ pub struct Stats {
     pub done: u64,
     /// Dead-letter records.
     pub dead_lettered: u64,
+    /// Claims kept for duplicate detection (done and dead), until the
+    /// retention sweeper removes them.
+    pub settled_claims: u64,
+    /// Journaled external-call responses.
+    pub journal_entries: u64,
 }
 
 /// Read the counts from the backends.
@@ -156,5 +173,7 @@ pub async fn stats(backends: &Backends) -> Result<Stats> {
         retry: c.retry,
         done: c.done,
         dead_lettered: c.dead_letters,
+        settled_claims: c.done + c.dead,
+        journal_entries: c.journal,
     })
 }

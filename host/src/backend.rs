@@ -170,6 +170,9 @@ pub async fn open(config: &Config) -> Result<Backends> {
         StoreKind::Postgres => both(crate::claim::postgres::PgClaims::new(claims_pg.clone().expect("opened above"))),
         StoreKind::Redis => both(crate::claim::redis::RedisClaims::connect(config.claims.url("claims")?, ns).await?),
     };
+    // Whether writes are fenced by tokens (claims elsewhere) rather than by
+    // the claim row in the write's transaction.
+    let mut tokens = false;
     let data: Arc<dyn DataStore> = match config.data.kind {
         StoreKind::Sqlite => Arc::new(crate::store::sqlite::SqliteData::new(sqlite_pool())),
         StoreKind::Postgres => {
@@ -182,8 +185,10 @@ pub async fn open(config: &Config) -> Result<Backends> {
                     crate::store::postgres::Fencing::ClaimRow,
                 )),
                 // Claims elsewhere (Redis): the store keeps the highest fence
-                // seen per key and refuses writes that present a lower one.
+                // it was told of per key and refuses writes that present
+                // another one.
                 _ => {
+                    tokens = true;
                     let pool = open_postgres(url, ns, config.data.max_connections, "data").await?;
                     Arc::new(crate::store::postgres::PgData::new(pool, crate::store::postgres::Fencing::Token))
                 }
@@ -196,6 +201,13 @@ pub async fn open(config: &Config) -> Result<Backends> {
         Arc::new(crate::store::batch::GroupCommit::new(data))
     } else {
         data
+    };
+    // With tokens, every fence the claim store hands out or retires is
+    // passed on to the data store.
+    let claims: Arc<dyn ClaimStore> = if tokens {
+        Arc::new(crate::store::tokens::TokenFenced::new(claims, data.clone()))
+    } else {
+        claims
     };
     Ok(Backends {
         broker,

@@ -22,6 +22,12 @@ pub struct Hooks {
     /// Called with each message confirmed done, after its ack (the
     /// benchmarks measure latency with it).
     pub on_done: Option<OnDone>,
+    /// Fault injection (tests): hold each confirm batch this long, as a
+    /// slow claim store would.
+    pub delay_confirm: Option<std::time::Duration>,
+    /// Fault injection (tests): take this long over each nack, as a slow
+    /// broker would (a NATS nak, a delayed RabbitMQ nack).
+    pub delay_nack: Option<std::time::Duration>,
 }
 
 impl Hooks {
@@ -39,6 +45,8 @@ impl std::fmt::Debug for Hooks {
         f.debug_struct("Hooks")
             .field("crash_after_step", &self.crash_after_step.is_some())
             .field("on_done", &self.on_done.is_some())
+            .field("delay_confirm", &self.delay_confirm)
+            .field("delay_nack", &self.delay_nack)
             .finish()
     }
 }

@@ -22,6 +22,7 @@ pub mod message_file;
 pub mod observe;
 pub mod plugin;
 pub mod reload;
+pub mod retention;
 pub mod runtime;
 pub mod stats;
 pub mod store;

@@ -143,6 +143,16 @@ enum PluginCommand {
         /// The component file.
         file: PathBuf,
     },
+    /// Record the configuration's `key_pointer` of a plugin as the one its
+    /// keys are derived with in this namespace. Run it after changing the
+    /// pointer, once no message is queued, running or waiting for a retry:
+    /// keys derived two ways would let a message run twice.
+    Rekey {
+        /// The plugin.
+        name: String,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
     /// What a running pool has loaded (asks its HTTP endpoint).
     List {
         #[command(flatten)]
@@ -260,6 +270,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         }
         Command::Plugin(PluginCommand::Check { file }) => plugin_check(&file).await,
         Command::Plugin(PluginCommand::List { config, url, json }) => plugin_list(&config, url, json).await,
+        Command::Plugin(PluginCommand::Rekey { name, config }) => plugin_rekey(&name, &config).await,
         Command::Stats { config, json } => {
             let config = config.load()?;
             let backends = idem_host::backend::open(&config).await?;
@@ -268,8 +279,14 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string(&stats)?);
             } else {
                 println!(
-                    "pending {}  in-flight {}  retry {}  done {}  dead-lettered {}",
-                    stats.pending, stats.in_flight, stats.retry, stats.done, stats.dead_lettered
+                    "pending {}  in-flight {}  retry {}  done {}  dead-lettered {}  settled-claims {}  journal {}",
+                    stats.pending,
+                    stats.in_flight,
+                    stats.retry,
+                    stats.done,
+                    stats.dead_lettered,
+                    stats.settled_claims,
+                    stats.journal_entries
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -371,7 +388,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
         tracing::info!(%bound, "serving /metrics, /healthz, /readyz and /plugins");
     }
     tokio::spawn(observe::watch_lease_risk(pool.worker.clone(), Duration::from_secs(5), aux.clone()));
-    let reloader = Reloader::new(pool.runtime.clone(), config.clone(), config_path);
+    let reloader = Reloader::new(pool.runtime.clone(), pool.backends.admin.clone(), config.clone(), config_path);
     if config.worker.watch_plugins {
         reloader.watch(aux.clone())?;
     }
@@ -463,6 +480,35 @@ async fn publish(p: PublishArgs) -> Result<()> {
     backends.broker.publish(&envelopes, Duration::ZERO).await?;
     eprintln!("published {} message(s)", envelopes.len());
     Ok(())
+}
+
+async fn plugin_rekey(name: &str, config: &ConfigArg) -> Result<ExitCode> {
+    let config = config.load()?;
+    let plugin = config
+        .plugins
+        .get(name)
+        .with_context(|| format!("no plugin {name:?} in the configuration (its [plugins.{name}] section)"))?;
+    let backends = idem_host::backend::open(&config).await?;
+    let stats = app::stats(&backends).await?;
+    if stats.pending > 0 || stats.in_flight > 0 || stats.retry > 0 {
+        anyhow::bail!(
+            "not rekeyed: {} messages are queued, {} running and {} waiting for a retry; their keys were derived with the recorded pointer. Stop the producers, let the workers drain the queue (`idem stats`), then run this again",
+            stats.pending,
+            stats.in_flight,
+            stats.retry
+        );
+    }
+    let pointer = plugin.key_pointer.as_deref().unwrap_or("");
+    backends.admin.set_key_pointer(name, pointer, idem_host::now_ms()).await?;
+    println!(
+        "{name}: keys are derived with {} from now on",
+        if pointer.is_empty() {
+            "the message id".to_string()
+        } else {
+            format!("key_pointer {pointer:?}")
+        }
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn plugin_check(file: &Path) -> Result<ExitCode> {

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Grants;
+use crate::claim::ClaimAdmin;
 use crate::config::{Config, PluginConfig};
 use crate::runtime::Runtime;
 
@@ -49,6 +50,8 @@ pub struct ReloadReport {
 /// Reloads the plugins of one pool.
 pub struct Reloader {
     runtime: Arc<Runtime>,
+    /// Where each plugin's key pointer is recorded.
+    admin: Arc<dyn ClaimAdmin>,
     config_path: Option<PathBuf>,
     config: Mutex<Config>,
     /// One reload at a time.
@@ -58,9 +61,10 @@ pub struct Reloader {
 impl Reloader {
     /// A reloader for a pool started from `config` (read from `config_path`,
     /// if it came from a file).
-    pub fn new(runtime: Arc<Runtime>, config: Config, config_path: Option<PathBuf>) -> Arc<Self> {
+    pub fn new(runtime: Arc<Runtime>, admin: Arc<dyn ClaimAdmin>, config: Config, config_path: Option<PathBuf>) -> Arc<Self> {
         Arc::new(Reloader {
             runtime,
+            admin,
             config_path,
             config: Mutex::new(config),
             running: tokio::sync::Mutex::new(()),
@@ -173,6 +177,9 @@ impl Reloader {
     }
 
     async fn compile(&self, name: &str, p: &PluginConfig, bytes: Vec<u8>, config: &Config) -> Result<Arc<crate::runtime::Plugin>> {
+        // A plugin removed and added back, or new, must derive keys as the
+        // namespace records.
+        crate::plugin::check_key_pointer(self.admin.as_ref(), name, p.key_pointer.as_deref()).await?;
         let grants = Grants::new(p.collections.iter().cloned(), p.endpoints.iter().cloned());
         self.runtime
             .compile(name, bytes, grants, config.limits_for(name), p.key_pointer.clone())

@@ -198,3 +198,53 @@ async fn amqp_connect_error_names_the_setting() {
     assert!(text.contains("broker.url") && text.contains("user/password/vhost"), "{text}");
     assert!(!text.contains("sekrit"), "the password is not shown: {text}");
 }
+
+/// Retry delays cannot lose a message: the delay queues are quorum queues
+/// whose expired messages are dead-lettered at least once (kept until the
+/// main queue confirms the copy). RabbitMQ refuses to declare an existing
+/// queue with other arguments, so declaring each delay queue as a classic
+/// queue, or with fire-and-forget dead-lettering, must fail; and a delayed
+/// message still comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_delay_queues_dead_letter_at_least_once() {
+    in_amqp_namespace(|ns| async move {
+        let broker = brokers::amqp(&ns).await;
+        let conn = brokers::amqp_raw().await;
+        let declare = |ms: u64, queue_type: &str, strategy: &str| {
+            let mut args = FieldTable::default();
+            args.insert("x-queue-type".into(), AMQPValue::LongString(queue_type.into()));
+            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ms as i64));
+            args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+            args.insert(
+                "x-dead-letter-routing-key".into(),
+                AMQPValue::LongString(format!("{ns}.queue").into()),
+            );
+            args.insert("x-dead-letter-strategy".into(), AMQPValue::LongString(strategy.into()));
+            args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+            let conn = &conn;
+            let name = format!("{ns}.retry.{ms}");
+            async move {
+                let ch = conn.create_channel().await.unwrap();
+                let durable = lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                };
+                ch.queue_declare(name.as_str().into(), durable, args).await.map(|_| ())
+            }
+        };
+        for ms in [50, 250, 1_000, 5_000, 30_000, 120_000, 600_000] {
+            declare(ms, "quorum", "at-least-once")
+                .await
+                .unwrap_or_else(|e| panic!("{ns}.retry.{ms} is a quorum queue dead-lettering at least once: {e}"));
+            let classic = declare(ms, "classic", "at-least-once").await;
+            assert!(classic.is_err(), "{ns}.retry.{ms} must not be a classic queue");
+            let at_most_once = declare(ms, "quorum", "at-most-once").await;
+            assert!(at_most_once.is_err(), "{ns}.retry.{ms} must not dead-letter at most once");
+        }
+        broker.publish(&[envelope("later")], Duration::from_millis(200)).await.unwrap();
+        let got = fetch_until(&broker, 1, Duration::from_secs(30), "the delayed message to come back").await;
+        assert_eq!(ids(&got), vec!["later"]);
+        broker.ack(&receipts(&got)).await.unwrap();
+    })
+    .await;
+}

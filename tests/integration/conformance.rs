@@ -89,8 +89,6 @@ pub async fn claim_store_conformance(b: &Backends) {
         }]
     );
     let f2 = ClaimRef { fence: 2, ..f1.clone() };
-    // What the worker does before running a taken-over claim.
-    b.data.advance_fence(&f2).await.unwrap();
 
     // The old fence can no longer extend, journal, write, confirm, release or dead-letter.
     assert_eq!(
@@ -179,8 +177,27 @@ pub async fn claim_store_conformance(b: &Backends) {
     // Attempts are counted at claim time: when the worker holding the last
     // attempt dies, the next claim dead-letters the message with its payload.
     let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 5_000).await.unwrap();
-    assert_eq!(out, vec![ClaimOutcome::Exhausted { attempts: 2 }]);
+    assert_eq!(out, vec![ClaimOutcome::Exhausted { attempts: 2, fence: 3 }]);
     assert_eq!(admin.state("p", "k2").await.unwrap().map(ClaimState::as_str), Some("dead"));
+    // The claim is retired: the execution that held it (a zombie) can
+    // no longer write, on any store.
+    let zombie = ClaimRef { fence: 2, ..k2.clone() };
+    assert!(matches!(
+        b.data.upsert(Some(&zombie), "c", "k2", b"zombie").await,
+        Err(DataError::FenceLost { fence: 2, .. })
+    ));
+    assert!(matches!(
+        b.data.insert_unique(Some(&zombie), "c", "k2", b"zombie").await,
+        Err(DataError::FenceLost { .. })
+    ));
+    assert!(matches!(
+        b.data.delete(Some(&zombie), "c", "k2").await,
+        Err(DataError::FenceLost { .. })
+    ));
+    assert!(!claims
+        .journal_put(&zombie, "charge", "h", b"zombie", "v1", t0 + 5_000)
+        .await
+        .unwrap());
     let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 5_001).await.unwrap();
     assert_eq!(out, vec![ClaimOutcome::DeadLettered]);
 
@@ -219,6 +236,16 @@ pub async fn claim_store_conformance(b: &Backends) {
         plugin_version: Some("v1"),
     };
     assert_eq!(claims.dead_letter(&[dl], t0 + 6_100).await.unwrap(), vec![true]);
+    let k3 = ClaimRef {
+        plugin: "p".into(),
+        key: "k3".into(),
+        fence: 1,
+    };
+    assert!(
+        matches!(b.data.upsert(Some(&k3), "c", "k3", b"late").await, Err(DataError::FenceLost { .. })),
+        "a dead-lettered claim accepts no more writes"
+    );
+    assert_eq!(b.data.get("c", "k3").await.unwrap(), None);
 
     let letters = admin.dead_letters(10).await.unwrap();
     let reasons: Vec<(&str, &str, u32)> = letters
@@ -240,7 +267,11 @@ pub async fn claim_store_conformance(b: &Backends) {
     assert!(admin.revive("p", "k2", &hash, t0 + 7_000).await.unwrap());
     assert_eq!(admin.state("p", "k2").await.unwrap().map(ClaimState::as_str), Some("retry"));
     let out = claims.claim(&[request("k2", &hash, payload, 2)], t0 + 7_001).await.unwrap();
-    assert!(matches!(out[0], ClaimOutcome::Acquired { attempt: 1, .. }), "{out:?}");
+    assert!(matches!(out[0], ClaimOutcome::Acquired { attempt: 1, fence: 4, .. }), "{out:?}");
+    // The replay runs under the fence after the retired one, and may write.
+    let replay = ClaimRef { fence: 4, ..k2.clone() };
+    b.data.upsert(Some(&replay), "c", "k2", b"replayed").await.unwrap();
+    assert_eq!(b.data.get("c", "k2").await.unwrap().as_deref(), Some(&b"replayed"[..]));
     let k2 = letters.iter().find(|d| d.key == "k2").unwrap();
     assert_eq!(admin.dead_letter_get(k2.id).await.unwrap().unwrap().key, "k2");
     assert_eq!(admin.dead_letter_remove(&[k2.id, k2.id]).await.unwrap(), 1);
@@ -285,7 +316,6 @@ pub async fn batched_upserts_conformance(b: &Backends) {
         key: key.into(),
         fence,
     };
-    b.data.advance_fence(&claim("b2", 2)).await.unwrap();
     let item = |c: ClaimRef, key: &str, value: &[u8]| Upsert {
         claim: c,
         collection: "batch".into(),
@@ -299,6 +329,9 @@ pub async fn batched_upserts_conformance(b: &Backends) {
             item(claim("b2", 1), "y", b"stale"),
             item(claim("b2", 2), "y", b"fresh"),
             item(claim("b1", 1), "x", b"second"),
+            // A NUL byte Postgres text refuses: the statement fails and the
+            // batch is written item by item (the statement itself is tested
+            // in `the_group_commit_statement_checks_each_item`).
             item(claim("b1", 1), "bad\0key", b"a NUL byte Postgres text refuses"),
         ])
         .await;
@@ -478,4 +511,183 @@ async fn postgres_and_redis_claims_are_exclusive_under_concurrency() {
         assert_eq!(won(&a) + won(&b), 50, "{kind:?}: every key acquired exactly once");
         s.cleanup().await;
     }
+}
+
+/// The group-commit statement itself, not its item-by-item fallback: the
+/// same row twice, a stale fence and a current one, in one statement, with
+/// both ways of fencing (claim row, tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_commit_statement_checks_each_item() {
+    use idem_host::store::postgres::{Fencing, PgData};
+    for (claims_kind, fencing) in [(StoreKind::Postgres, Fencing::ClaimRow), (StoreKind::Redis, Fencing::Token)] {
+        let s = Served::open(claims_kind, StoreKind::Postgres).await;
+        let payload = b"{}";
+        let hash = payload_hash(payload);
+        let t0 = 1_000_000;
+        for key in ["s1", "s2"] {
+            s.backends.claims.claim(&[request(key, &hash, payload, 5)], t0).await.unwrap();
+        }
+        // s2 is taken over: fence 2 current, 1 stale.
+        let out = s
+            .backends
+            .claims
+            .claim(&[request("s2", &hash, payload, 5)], t0 + 5_000)
+            .await
+            .unwrap();
+        assert!(matches!(out[0], ClaimOutcome::Acquired { fence: 2, .. }), "{out:?}");
+        let pool = idem_host::backend::open_postgres(&url(StoreKind::Postgres), &s.config.namespace, 2, "data")
+            .await
+            .unwrap();
+        let data = PgData::new(pool, fencing);
+        let item = |key: &str, fence: i64, row: &str, value: &[u8]| Upsert {
+            claim: ClaimRef {
+                plugin: "p".into(),
+                key: key.into(),
+                fence,
+            },
+            collection: "stmt".into(),
+            key: row.into(),
+            value: value.to_vec(),
+        };
+        let results = data
+            .upsert_batch(&[
+                item("s1", 1, "same", b"first"),
+                item("s2", 1, "other", b"stale"),
+                item("s2", 2, "other", b"current"),
+                item("s1", 1, "same", b"second"),
+            ])
+            .await
+            .unwrap_or_else(|e| panic!("{fencing:?}: the statement itself must not fail: {e}"));
+        let refused: Vec<bool> = results.iter().map(|r| matches!(r, Err(DataError::FenceLost { .. }))).collect();
+        assert_eq!(refused, vec![false, true, false, false], "{fencing:?}: {results:?}");
+        let get = |row: &'static str| {
+            let data = &data;
+            async move { idem_host::store::DataStore::get(data, "stmt", row).await.unwrap() }
+        };
+        assert_eq!(
+            get("same").await.as_deref(),
+            Some(&b"second"[..]),
+            "{fencing:?}: the later write wins"
+        );
+        assert_eq!(
+            get("other").await.as_deref(),
+            Some(&b"current"[..]),
+            "{fencing:?}: the stale write is refused"
+        );
+        s.cleanup().await;
+    }
+}
+
+/// Retention on every claim store: settled claims older than the window go
+/// with their journals (and, with fencing tokens, their tokens), newer ones
+/// and running or retrying ones stay, a duplicate inside the window is still
+/// suppressed, and old dead letters go when a dead-letter retention is set.
+pub async fn retention_conformance(b: &Backends) {
+    use idem_host::config::RetentionConfig;
+    let (claims, admin) = (&b.claims, &b.admin);
+    let payload = b"{}";
+    let hash = payload_hash(payload);
+    let day = 24 * 3600 * 1000;
+    let now = idem_host::now_ms();
+    let t0 = now - 10 * day;
+    let claim = |key: &str, fence: i64| ClaimRef {
+        plugin: "p".into(),
+        key: key.into(),
+        fence,
+    };
+    let acquired = |out: Vec<ClaimOutcome>| match out[0] {
+        ClaimOutcome::Acquired { fence, .. } => fence,
+        ref other => panic!("not acquired: {other:?}"),
+    };
+
+    // Settled ten days ago: done after a takeover (fence 2, its journal),
+    // and dead after its only attempt's worker vanished.
+    assert_eq!(
+        acquired(claims.claim(&[request("old-done", &hash, payload, 5)], t0).await.unwrap()),
+        1
+    );
+    assert_eq!(
+        acquired(claims.claim(&[request("old-done", &hash, payload, 5)], t0 + 1_500).await.unwrap()),
+        2
+    );
+    assert!(claims
+        .journal_put(&claim("old-done", 2), "charge", "h", b"r", "v1", t0 + 1_505)
+        .await
+        .unwrap());
+    assert_eq!(claims.confirm(&[claim("old-done", 2)], t0 + 1_510).await.unwrap(), vec![true]);
+    claims.claim(&[request("old-dead", &hash, payload, 1)], t0).await.unwrap();
+    let out = claims.claim(&[request("old-dead", &hash, payload, 1)], t0 + 3_000).await.unwrap();
+    assert!(matches!(out[0], ClaimOutcome::Exhausted { .. }), "{out:?}");
+    // Ten days old but not settled: running (lease long gone) and retrying.
+    claims.claim(&[request("old-running", &hash, payload, 5)], t0).await.unwrap();
+    claims.claim(&[request("old-retry", &hash, payload, 5)], t0).await.unwrap();
+    assert!(claims
+        .release(&claim("old-retry", 1), t0 + 50, "boom", false, t0 + 10)
+        .await
+        .unwrap());
+    // Settled an hour ago, with a journal.
+    claims
+        .claim(&[request("new-done", &hash, payload, 5)], now - 3_600_000)
+        .await
+        .unwrap();
+    assert!(claims
+        .journal_put(&claim("new-done", 1), "charge", "h", b"r", "v1", now - 3_599_000)
+        .await
+        .unwrap());
+    assert_eq!(claims.confirm(&[claim("new-done", 1)], now - 3_598_000).await.unwrap(), vec![true]);
+    let before = admin.counts().await.unwrap();
+    assert_eq!((before.done, before.dead, before.journal, before.dead_letters), (2, 1, 2, 1));
+
+    let retention = RetentionConfig {
+        done_ms: 7 * day as u64,
+        dead_letters_ms: Some(9 * day as u64),
+        sweep_every_ms: 1_000,
+        sweep_batch: 1,
+    };
+    let totals = idem_host::retention::sweep_once(b, &retention, &Default::default()).await.unwrap();
+    assert_eq!((totals.claims, totals.dead_letters), (2, 1), "batches of one, repeated until done");
+
+    let state = |key: &'static str| async move { admin.state("p", key).await.unwrap().map(ClaimState::as_str) };
+    assert_eq!(state("old-done").await, None);
+    assert_eq!(state("old-dead").await, None);
+    assert_eq!(state("old-running").await, Some("running"), "never sweeps a running claim");
+    assert_eq!(state("old-retry").await, Some("retry"), "never sweeps a claim waiting for a retry");
+    assert_eq!(state("new-done").await, Some("done"));
+    assert_eq!(claims.journal_get("p", "old-done", "charge").await.unwrap(), None);
+    assert!(claims.journal_get("p", "new-done", "charge").await.unwrap().is_some());
+    let after = admin.counts().await.unwrap();
+    assert_eq!((after.done, after.dead, after.journal, after.dead_letters), (1, 0, 1, 0));
+
+    // Inside the window a duplicate is still suppressed; past it, the key
+    // is new: fence 1 again, and its writes pass (the token went too).
+    let out = claims.claim(&[request("new-done", &hash, payload, 5)], now).await.unwrap();
+    assert_eq!(out, vec![ClaimOutcome::Done]);
+    assert_eq!(
+        acquired(claims.claim(&[request("old-done", &hash, payload, 5)], now).await.unwrap()),
+        1
+    );
+    b.data.upsert(Some(&claim("old-done", 1)), "c", "old-done", b"again").await.unwrap();
+    // Nothing left to sweep.
+    let again = idem_host::retention::sweep_once(b, &retention, &Default::default()).await.unwrap();
+    assert_eq!((again.claims, again.dead_letters), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_retention_conforms() {
+    let (_dir, b) = sqlite().await;
+    retention_conformance(&b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_retention_conforms() {
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    retention_conformance(&s.backends).await;
+    s.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_retention_with_fencing_tokens_conforms() {
+    let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
+    retention_conformance(&s.backends).await;
+    s.cleanup().await;
 }

@@ -253,3 +253,94 @@ async fn multi_step_retry_resumes_instead_of_restarting() {
     assert_eq!(state(&pool, "fulfil-order", "ord-resume").await, Some("done"));
     pool.stop().await.unwrap();
 }
+
+/// Start a pool on `env` with fault-injecting hooks.
+async fn start_hooked(env: &Env, hooks: idem_host::hooks::Hooks) -> idem_host::app::Pool {
+    let options = idem_host::worker::WorkerOptions::from_config(&env.config);
+    let pool = idem_host::app::Pool::start_with(&env.config, options, hooks)
+        .await
+        .expect("pool starts");
+    env.mock.watch_journal(pool.backends.claims.clone());
+    pool
+}
+
+/// G5: a claim is heartbeated from the moment it is taken. Here the worker
+/// that claims a message spends one and a half leases nacking the busy
+/// duplicates of its batch (a slow broker) before the handler starts;
+/// a second worker keeps asking for the same key. The claim must still be
+/// live: one execution, at fence 1, never taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_a_claim_is_heartbeated_from_the_moment_it_is_taken() {
+    let env = Env::new().await;
+    let lease = Duration::from_millis(env.config.worker.lease_ms);
+    let hooks = idem_host::hooks::Hooks {
+        delay_nack: Some(lease / 2),
+        ..Default::default()
+    };
+    let first = start_hooked(&env, hooks.clone()).await;
+    // One batch: the message and three duplicates, busy behind its claim.
+    let batch: Vec<_> = (0..4).map(|_| payment("pay-slow-nack")).collect();
+    first.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    let second = start_hooked(&env, hooks).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the message to be done and every duplicate acked",
+        || async {
+            state(&first, "record-payment", "pay-slow-nack").await == Some("done")
+                && first.backends.broker.pending().await.unwrap() == 0
+                && first.worker.in_flight() == 0
+                && second.worker.in_flight() == 0
+        },
+    )
+    .await;
+    let (a, b) = (first.counters.snapshot(), second.counters.snapshot());
+    assert_eq!(a.executions + b.executions, 1, "one execution: {a:?} {b:?}");
+    assert_eq!(a.fence_rejections + b.fence_rejections, 0, "never taken over: {a:?} {b:?}");
+    assert_eq!(receipts(&first).await.len(), 1);
+    assert_eq!(env.step_requests("payments-api", "record-payment", "pay-slow-nack", "charge"), 1);
+    second.stop().await.unwrap();
+    first.stop().await.unwrap();
+}
+
+/// A finished execution waiting for its batched confirm keeps its lease. On
+/// the last attempt, a duplicate that arrives after the lease would have
+/// ended finds the claim busy, not abandoned: the message ends done, never
+/// dead-lettered as "stopped before settling".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_done_execution_awaiting_its_confirm_is_never_dead_lettered() {
+    let mut env = Env::new().await;
+    env.config.retry.max_attempts = 1;
+    let lease = Duration::from_millis(env.config.worker.lease_ms);
+    let hooks = idem_host::hooks::Hooks {
+        delay_confirm: Some(lease * 3),
+        ..Default::default()
+    };
+    let pool = start_hooked(&env, hooks).await;
+    pool.backends
+        .broker
+        .publish(&[payment("pay-slow-confirm")], Duration::ZERO)
+        .await
+        .unwrap();
+    // The duplicate arrives when the lease, unextended, would be over.
+    pool.backends
+        .broker
+        .publish(&[payment("pay-slow-confirm")], lease * 3 / 2)
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the message to settle and its duplicate to be acked",
+        || async {
+            state(&pool, "record-payment", "pay-slow-confirm")
+                .await
+                .is_some_and(|s| s != "running")
+                && pool.counters.snapshot().duplicates >= 1
+        },
+    )
+    .await;
+    assert_eq!(state(&pool, "record-payment", "pay-slow-confirm").await, Some("done"));
+    assert_eq!(pool.backends.admin.dead_letters(10).await.unwrap().len(), 0);
+    let c = pool.counters.snapshot();
+    assert_eq!((c.done, c.dead_lettered, c.fence_rejections), (1, 0, 0), "{c:?}");
+    pool.stop().await.unwrap();
+}

@@ -286,7 +286,8 @@ async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaul
     let v1 = runtime.plugin("grant-credits").unwrap().version.clone();
     let path = env.dir.path().join("idem.toml");
     std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
-    let reloader = idem_host::reload::Reloader::new(runtime.clone(), env.config.clone(), Some(path.clone()));
+    let backends = backend::open(&env.config).await.unwrap();
+    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
 
     // A new component on disk, and a configuration that no longer parses:
     // nothing is re-read, the old version keeps serving.
@@ -644,4 +645,65 @@ fn verify_names_a_plugin_it_cannot_find() {
     let (ok, _, err) = verify("no-such-plugin", "grant-credits.jsonl");
     assert!(!ok);
     assert!(err.contains("\"no-such-plugin\" is neither a plugin of the configuration"), "{err}");
+}
+
+/// A plugin's key pointer is recorded in the namespace and checked on every
+/// start and reload: removing a plugin and adding it back with another
+/// pointer (which the old-config comparison cannot see) is refused, and so
+/// is a restart with another pointer, until `idem plugin rekey` records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_pointer_stays_fixed_for_the_namespace_across_reloads_and_restarts() {
+    let env = Env::new().await;
+    let pool = env.start().await;
+    let path = env.dir.path().join("idem.toml");
+    let reloader = idem_host::reload::Reloader::new(
+        pool.runtime.clone(),
+        pool.backends.admin.clone(),
+        env.config.clone(),
+        Some(path.clone()),
+    );
+    // SIGHUP without record-payment, then SIGHUP with it back, keyed by
+    // another field.
+    let mut without = env.config.clone();
+    without.plugins.remove("record-payment");
+    std::fs::write(&path, toml::to_string(&without).unwrap()).unwrap();
+    let report = reloader.reload_config().await;
+    assert!(report.refused.is_empty() && report.config_refused.is_none(), "{report:?}");
+    let mut rekeyed = env.config.clone();
+    rekeyed.plugins.get_mut("record-payment").unwrap().key_pointer = Some("/customer".into());
+    std::fs::write(&path, toml::to_string(&rekeyed).unwrap()).unwrap();
+    let report = reloader.reload_config().await;
+    let refused: Vec<&str> = report.refused.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(refused, vec!["record-payment"], "{report:?}");
+    let why = &report.refused[0].1;
+    assert!(
+        why.contains("\"/customer\"") && why.contains("\"/payment_id\"") && why.contains("idem plugin rekey record-payment"),
+        "{why}"
+    );
+    assert_eq!(
+        pool.runtime.plugin("record-payment").unwrap().key_pointer.as_deref(),
+        Some("/payment_id"),
+        "the running plugin keeps its keys"
+    );
+    pool.stop().await.unwrap();
+
+    // A restart with the other pointer is refused, naming both and the fix.
+    let err = idem_host::app::Pool::start(&rekeyed).await.err().expect("refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("plugins.record-payment.key_pointer") && msg.contains("rekey"), "{msg}");
+
+    // The operator records the new pointer (queue drained): it starts.
+    pool_admin(&rekeyed)
+        .await
+        .set_key_pointer("record-payment", "/customer", 0)
+        .await
+        .unwrap();
+    let pool = idem_host::app::Pool::start(&rekeyed)
+        .await
+        .expect("starts with the recorded pointer");
+    pool.stop().await.unwrap();
+}
+
+async fn pool_admin(config: &idem_host::config::Config) -> std::sync::Arc<dyn idem_host::claim::ClaimAdmin> {
+    backend::open(config).await.unwrap().admin
 }

@@ -212,3 +212,111 @@ async fn sql_looking_collection_names_are_stored_literally() {
     );
     pool.stop().await.unwrap();
 }
+
+/// Publish one hostile message under `env`, wait for it to settle, and say
+/// how long that took and what became of it.
+async fn settle_one(env: &Env, id: &str, mode: &str) -> (Duration, Option<&'static str>, Vec<String>) {
+    let pool = env.start().await;
+    let started = Instant::now();
+    pool.backends
+        .broker
+        .publish(&[envelope(id, "hostile", json!({ "mode": mode }))], Duration::ZERO)
+        .await
+        .unwrap();
+    let took = wait_for(Duration::from_secs(60), "the hostile message to settle", || async {
+        match state(&pool, "hostile", id).await {
+            Some("done" | "dead") => Some(started.elapsed()),
+            _ => None,
+        }
+    })
+    .await;
+    let settled = state(&pool, "hostile", id).await;
+    let reasons = pool
+        .backends
+        .admin
+        .dead_letters(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.reason)
+        .collect();
+    pool.stop().await.unwrap();
+    (took, settled, reasons)
+}
+
+/// G7: guest time is measured, not sampled, so a guest that calls the host
+/// every millisecond is charged for the work between the calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_is_charged_however_often_the_guest_calls_the_host() {
+    let mut env = Env::new().await;
+    env.config.limits.cpu_ms = 300;
+    env.config.limits.timeout_ms = 20_000;
+    env.config.retry.max_traps = 1;
+    env.config.retry.max_attempts = 1;
+    let (took, settled, reasons) = settle_one(&env, "attack-spin-call", "spin-and-call").await;
+    assert_eq!(settled, Some("dead"));
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons[0].contains("CPU deadline"),
+        "stopped by the CPU budget, not the timeout: {}",
+        reasons[0]
+    );
+    assert!(took < Duration::from_secs(2), "a 300 ms budget took {took:?} to run out");
+}
+
+/// G7: a guest cannot sleep on the clock and hold its slot: timers are due
+/// at once, so a one-minute sleep returns immediately.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_guest_does_not_hold_its_slot() {
+    let mut env = Env::new().await;
+    env.config.limits.timeout_ms = 20_000;
+    env.config.retry.max_attempts = 1;
+    let (took, settled, reasons) = settle_one(&env, "attack-sleep", "sleep").await;
+    assert_eq!(settled, Some("done"), "{reasons:?}");
+    assert!(took < Duration::from_secs(5), "a sleeping guest held its slot for {took:?}");
+}
+
+/// G7: what a handler sees of the world: clocks stopped at zero, random
+/// numbers seeded from the message key (the same on every attempt, different
+/// per key), no environment, no arguments, no files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_shows_stopped_clocks_keyed_randomness_and_nothing_else() {
+    let mut env = Env::new().await;
+    env.config.retry.max_attempts = 3;
+    let pool = env.start().await;
+    let batch: Vec<_> = ["probe-a", "probe-b"]
+        .iter()
+        .map(|id| envelope(id, "hostile", json!({ "mode": "probe" })))
+        .collect();
+    pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "both probes to be done", || async {
+        state(&pool, "hostile", "probe-a").await == Some("done") && state(&pool, "hostile", "probe-b").await == Some("done")
+    })
+    .await;
+    let mut seen = std::collections::HashMap::new();
+    for key in ["probe-a#1", "probe-a#2", "probe-b#1", "probe-b#2"] {
+        let raw = pool.backends.data.get("hostile", key).await.unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&raw.unwrap_or_else(|| panic!("{key} not recorded"))).unwrap();
+        assert_eq!(value["wall_ns"], "0", "{key}: wall clock stopped at the epoch");
+        assert_eq!(value["monotonic_ns"], "0", "{key}: monotonic clock stopped");
+        assert_eq!(value["env"], json!([]), "{key}: empty environment");
+        assert_eq!(value["args"], json!([]), "{key}: no arguments");
+        assert_eq!(value["files"], json!([]), "{key}: no preopened directories, no files");
+        seen.insert(key, value);
+    }
+    for field in ["secure_random", "seeded_hash"] {
+        assert_eq!(
+            seen["probe-a#1"][field], seen["probe-a#2"][field],
+            "{field}: same key, same values on a retry"
+        );
+        assert_eq!(
+            seen["probe-b#1"][field], seen["probe-b#2"][field],
+            "{field}: same key, same values on a retry"
+        );
+        assert_ne!(
+            seen["probe-a#1"][field], seen["probe-b#1"][field],
+            "{field}: another key, other values"
+        );
+    }
+    pool.stop().await.unwrap();
+}

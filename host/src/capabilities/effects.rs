@@ -45,9 +45,9 @@ impl Endpoints {
 
 impl wit_effects::Host for ExecutionCaps {
     async fn call(&mut self, endpoint: String, step: String, request: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, CallError>> {
-        self.enter_host();
+        self.enter_host()?;
         let result = call(self, endpoint, step, request).await;
-        self.enter_host();
+        self.leave_host();
         Ok(result?)
     }
 }

@@ -9,10 +9,19 @@ use crate::text::truncate_utf8;
 
 impl wit_log::Host for ExecutionCaps {
     async fn log(&mut self, level: wit_log::Level, message: String) -> wasmtime::Result<()> {
+        self.enter_host()?;
+        self.write_log(level, message);
+        self.leave_host();
+        Ok(())
+    }
+}
+
+impl ExecutionCaps {
+    fn write_log(&mut self, level: wit_log::Level, message: String) {
         let limits = &self.plugin.limits;
         if self.log_lines >= limits.max_log_lines {
             self.log_dropped += 1;
-            return Ok(());
+            return;
         }
         self.log_lines += 1;
         let message = truncate_utf8(message, limits.max_log_line_bytes);
@@ -29,6 +38,5 @@ impl wit_log::Host for ExecutionCaps {
             wit_log::Level::Warn => emit!(Level::WARN),
             wit_log::Level::Error => emit!(Level::ERROR),
         }
-        Ok(())
     }
 }

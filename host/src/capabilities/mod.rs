@@ -18,6 +18,7 @@
 
 pub mod effects;
 mod log;
+pub mod meter;
 mod store;
 
 use std::sync::atomic::AtomicBool;
@@ -34,6 +35,7 @@ pub use crate::plugin::Grants;
 use crate::plugin::PluginInfo;
 use crate::stats::Counters;
 use crate::store::DataStore;
+use meter::GuestMeter;
 
 /// Why the host stopped an instance.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -101,9 +103,8 @@ pub struct ExecutionCaps {
     shared: Arc<Capabilities>,
     plugin: Arc<PluginInfo>,
     exec: Execution,
-    /// Set by every host call: the epoch tick that elapsed while the host
-    /// worked is not charged to the guest's CPU budget.
-    in_host: bool,
+    /// The guest's CPU time (none for native handlers).
+    meter: Option<Arc<GuestMeter>>,
     log_lines: u32,
     log_dropped: u32,
     abort: Option<HostAbort>,
@@ -116,7 +117,7 @@ impl ExecutionCaps {
             shared,
             plugin,
             exec,
-            in_host: false,
+            meter: None,
             log_lines: 0,
             log_dropped: 0,
             abort: None,
@@ -144,9 +145,10 @@ impl ExecutionCaps {
         why
     }
 
-    /// Whether a host call ran since the last time this was asked.
-    pub fn take_in_host(&mut self) -> bool {
-        std::mem::take(&mut self.in_host)
+    /// Charge the guest's CPU time to `meter` (host time excluded).
+    pub fn with_meter(mut self, meter: Arc<GuestMeter>) -> Self {
+        self.meter = Some(meter);
+        self
     }
 
     /// Log lines dropped for being over the per-execution limit.
@@ -154,8 +156,20 @@ impl ExecutionCaps {
         self.log_dropped
     }
 
-    fn enter_host(&mut self) {
-        self.in_host = true;
+    /// The guest calls a capability: its CPU time up to here is charged,
+    /// and a spent budget stops it here.
+    fn enter_host(&mut self) -> Result<(), HostAbort> {
+        match &self.meter {
+            Some(meter) if !meter.enter_host() => Err(self.stop(HostAbort::CpuDeadline(self.plugin.limits.cpu_ms))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The capability returns to the guest.
+    fn leave_host(&self) {
+        if let Some(meter) = &self.meter {
+            meter.leave_host();
+        }
     }
 
     /// Access-denied message if the plugin may not use `collection`.

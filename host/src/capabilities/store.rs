@@ -23,8 +23,7 @@ impl ExecutionCaps {
         }
     }
 
-    fn check_write(&mut self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.enter_host();
+    fn check_write(&self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
         if let Some(m) = self.collection_denied(collection) {
             return Err(StoreError::AccessDenied(m));
         }
@@ -60,7 +59,6 @@ impl ExecutionCaps {
 
     /// `store.get`, checked.
     pub async fn store_get(&mut self, collection: &str, key: &str) -> Checked<Option<Vec<u8>>> {
-        self.enter_host();
         if let Some(m) = self.collection_denied(collection) {
             return Ok(Err(StoreError::AccessDenied(m)));
         }
@@ -73,7 +71,6 @@ impl ExecutionCaps {
 
     /// `store.delete`, checked.
     pub async fn store_delete(&mut self, collection: &str, key: &str) -> Checked<bool> {
-        self.enter_host();
         if let Some(m) = self.collection_denied(collection) {
             return Ok(Err(StoreError::AccessDenied(m)));
         }
@@ -92,21 +89,33 @@ impl wit_store::Host for ExecutionCaps {
         key: String,
         value: Vec<u8>,
     ) -> wasmtime::Result<Result<wit_store::Inserted, StoreError>> {
-        Ok(self.store_insert_unique(&collection, &key, &value).await?.map(|i| match i {
+        self.enter_host()?;
+        let r = self.store_insert_unique(&collection, &key, &value).await;
+        self.leave_host();
+        Ok(r?.map(|i| match i {
             Inserted::Inserted => wit_store::Inserted::Inserted,
             Inserted::Existed(v) => wit_store::Inserted::Existed(v),
         }))
     }
 
     async fn upsert(&mut self, collection: String, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), StoreError>> {
-        Ok(self.store_upsert(&collection, &key, &value).await?)
+        self.enter_host()?;
+        let r = self.store_upsert(&collection, &key, &value).await;
+        self.leave_host();
+        Ok(r?)
     }
 
     async fn get(&mut self, collection: String, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, StoreError>> {
-        Ok(self.store_get(&collection, &key).await?)
+        self.enter_host()?;
+        let r = self.store_get(&collection, &key).await;
+        self.leave_host();
+        Ok(r?)
     }
 
     async fn delete(&mut self, collection: String, key: String) -> wasmtime::Result<Result<bool, StoreError>> {
-        Ok(self.store_delete(&collection, &key).await?)
+        self.enter_host()?;
+        let r = self.store_delete(&collection, &key).await;
+        self.leave_host();
+        Ok(r?)
     }
 }

@@ -69,6 +69,17 @@ pub struct ClaimCounts {
     pub dead: u64,
     /// Dead-letter rows (includes input that was never claimed).
     pub dead_letters: u64,
+    /// Journaled external-call responses.
+    pub journal: u64,
+}
+
+/// What one retention sweep removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// The settled claims removed (plugin, key), their journals with them.
+    pub claims: Vec<(String, String)>,
+    /// Dead-letter records removed.
+    pub dead_letters: u64,
 }
 
 /// The claim store as `idem stats`, `idem dlq` and the HTTP endpoints see it.
@@ -92,4 +103,19 @@ pub trait ClaimAdmin: Send + Sync + 'static {
     /// letter never revives the claim of the other message. `false`
     /// otherwise (done, running, never claimed, or another payload's).
     async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError>;
+    /// Retention: remove up to `limit` settled claims (done or dead) last
+    /// changed before `settled_before`, with their journal entries, and up
+    /// to `limit` dead letters that died before `dead_letters_before` (none
+    /// when `None`). Running claims and claims waiting for a retry are never
+    /// removed. A key removed here is a new key to the next delivery: the
+    /// duplicate-detection window is the retention.
+    async fn sweep(&self, settled_before: i64, dead_letters_before: Option<i64>, limit: u32) -> Result<Swept, ClaimError>;
+    /// The key pointer recorded for `plugin` in this namespace (`""` = the
+    /// message id), recording `pointer` if none is. Checked on every start
+    /// and reload: a plugin's keys must not change while its messages are
+    /// in flight.
+    async fn key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<String, ClaimError>;
+    /// Replace the recorded key pointer (`idem plugin rekey`, an operator's
+    /// decision once nothing of the plugin is in flight).
+    async fn set_key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<(), ClaimError>;
 }

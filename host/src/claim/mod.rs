@@ -17,7 +17,7 @@ mod state;
 
 use async_trait::async_trait;
 
-pub use admin::{ClaimAdmin, ClaimCounts, DeadLetter};
+pub use admin::{ClaimAdmin, ClaimCounts, DeadLetter, Swept};
 pub use state::ClaimState;
 pub(crate) use state::{decide, Decision, Stored};
 
@@ -87,6 +87,9 @@ pub enum ClaimOutcome {
     Exhausted {
         /// Attempts made.
         attempts: u32,
+        /// The claim's fence once retired: above every fence handed out, so
+        /// an execution still holding one is refused.
+        fence: i64,
     },
 }
 
@@ -177,7 +180,8 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Give a claim back for a retry no earlier than `not_before`.
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError>;
     /// Record dead letters; for claimed messages, only if the fence is
-    /// current (`false` otherwise, and nothing is recorded).
+    /// current (`false` otherwise, and nothing is recorded). A claim
+    /// dead-lettered this way is retired: its fence grows by one.
     async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError>;
     /// The journaled response of a step, if any.
     async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<JournalEntry>, ClaimError>;

@@ -84,6 +84,18 @@ fn answered(claims: &[ClaimRef], rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec
         .collect())
 }
 
+impl PgClaims {
+    /// Remove up to `limit` settled claims older than `before` with their
+    /// journal entries, in one statement.
+    async fn sweep_settled(&self, before: i64, limit: u32) -> Result<Vec<(String, String)>, ClaimError> {
+        Ok(sqlx::query_as(include_str!("../../queries/postgres/retention_claims.sql"))
+            .bind(before)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}
+
 #[async_trait]
 impl ClaimStore for PgClaims {
     async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError> {
@@ -157,13 +169,12 @@ impl ClaimStore for PgClaims {
                     ClaimOutcome::Conflict
                 }
                 Decision::Exhaust(reason) => {
-                    sqlx::query(include_str!("../../queries/postgres/claim_mark_dead.sql"))
+                    let retired: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/claim_mark_dead_any.sql"))
                         .bind(r.plugin)
                         .bind(r.key)
-                        .bind(None::<i64>)
                         .bind(&reason)
                         .bind(now)
-                        .execute(&mut *tx)
+                        .fetch_one(&mut *tx)
                         .await?;
                     insert_dead_letter(
                         &mut tx,
@@ -179,7 +190,10 @@ impl ClaimStore for PgClaims {
                         now,
                     )
                     .await?;
-                    ClaimOutcome::Exhausted { attempts: attempts as u32 }
+                    ClaimOutcome::Exhausted {
+                        attempts: attempts as u32,
+                        fence: retired,
+                    }
                 }
                 Decision::TakeOver => {
                     let row = sqlx::query(include_str!("../../queries/postgres/claim_takeover.sql"))

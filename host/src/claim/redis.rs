@@ -17,7 +17,7 @@ use redis::{AsyncCommands, Script, Value};
 
 use super::{
     ClaimAdmin, ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, ClaimStore, DeadLetter, DeadLetterRequest,
-    JournalEntry,
+    JournalEntry, Swept,
 };
 
 /// The Redis claim store.
@@ -31,6 +31,7 @@ pub struct RedisClaims {
     dead_letter: Script,
     journal_put: Script,
     revive: Script,
+    sweep: Script,
 }
 
 impl From<redis::RedisError> for ClaimError {
@@ -69,6 +70,7 @@ impl RedisClaims {
             dead_letter: Script::new(include_str!("../../lua/claims_dead_letter.lua")),
             revive: Script::new(include_str!("../../lua/claims_revive.lua")),
             journal_put: Script::new(include_str!("../../lua/claims_journal_put.lua")),
+            sweep: Script::new(include_str!("../../lua/claims_sweep.lua")),
         })
     }
 
@@ -78,6 +80,19 @@ impl RedisClaims {
     }
     fn journal_key(&self, plugin: &str, key: &str) -> String {
         format!("{}:journal:{}:{plugin}:{key}", self.ns, plugin.len())
+    }
+    fn claim_prefix(&self) -> String {
+        format!("{}:claim:", self.ns)
+    }
+    fn journal_prefix(&self) -> String {
+        format!("{}:journal:", self.ns)
+    }
+    /// Settled claims by the time they settled (what retention sweeps).
+    fn settled_key(&self) -> String {
+        format!("{}:settled", self.ns)
+    }
+    fn key_pointers_key(&self) -> String {
+        format!("{}:key_pointers", self.ns)
     }
     fn counts_key(&self) -> String {
         format!("{}:counts", self.ns)
@@ -125,7 +140,10 @@ fn outcome(v: &Value) -> Result<ClaimOutcome, ClaimError> {
         "dead" => ClaimOutcome::DeadLettered,
         "busy" => ClaimOutcome::Busy { retry_after_ms: n(1) },
         "conflict" => ClaimOutcome::Conflict,
-        "exhausted" => ClaimOutcome::Exhausted { attempts: n(1) as u32 },
+        "exhausted" => ClaimOutcome::Exhausted {
+            attempts: n(1) as u32,
+            fence: n(2),
+        },
         other => return Err(ClaimError::Unavailable(format!("unexpected claim outcome {other:?}"))),
     })
 }
@@ -149,6 +167,7 @@ impl ClaimStore for RedisClaims {
                 .arg(serde_json::to_string(r.headers).unwrap_or_else(|_| "[]".into()))
                 .arg(r.payload);
         }
+        inv.key(self.settled_key());
         let mut conn = self.conn.clone();
         let answer: Vec<Value> = inv.invoke_async(&mut conn).await?;
         answer.iter().map(outcome).collect()
@@ -177,6 +196,7 @@ impl ClaimStore for RedisClaims {
         for c in claims {
             inv.key(self.claim_key(&c.plugin, &c.key)).arg(c.fence);
         }
+        inv.key(self.settled_key());
         let mut conn = self.conn.clone();
         let answer: Vec<i64> = inv.invoke_async(&mut conn).await?;
         Ok(answer.into_iter().map(|x| x == 1).collect())
@@ -208,6 +228,7 @@ impl ClaimStore for RedisClaims {
                 .key(self.dead_seq())
                 .key(self.dead_ids())
                 .key(self.claim_key(d.plugin, d.key))
+                .key(self.settled_key())
                 .arg(d.fence.map(|f| f.to_string()).unwrap_or_default())
                 .arg(d.plugin)
                 .arg(d.key)
@@ -264,6 +285,7 @@ impl ClaimStore for RedisClaims {
             .journal_put
             .key(self.claim_key(&claim.plugin, &claim.key))
             .key(self.journal_key(&claim.plugin, &claim.key))
+            .key(self.counts_key())
             .arg(claim.fence)
             .arg(step)
             .arg(request_hash)
@@ -296,6 +318,7 @@ impl ClaimAdmin for RedisClaims {
         let map: std::collections::HashMap<String, i64> = conn.hgetall(self.counts_key()).await?;
         let mut counts = ClaimCounts {
             dead_letters: conn.llen(self.dead_ids()).await?,
+            journal: map.get("journal").copied().unwrap_or(0).max(0) as u64,
             ..ClaimCounts::default()
         };
         for state in ClaimState::ALL {
@@ -364,10 +387,58 @@ impl ClaimAdmin for RedisClaims {
             .revive
             .key(self.counts_key())
             .key(self.claim_key(plugin, key))
+            .key(self.settled_key())
             .arg(now)
             .arg(payload_hash)
             .invoke_async(&mut conn)
             .await?;
         Ok(r == 1)
     }
+
+    async fn sweep(&self, settled_before: i64, dead_letters_before: Option<i64>, limit: u32) -> Result<Swept, ClaimError> {
+        let mut conn = self.conn.clone();
+        let (dead_letters, suffixes): (u64, Vec<String>) = self
+            .sweep
+            .key(self.counts_key())
+            .key(self.settled_key())
+            .key(self.dead_ids())
+            .arg(settled_before)
+            .arg(limit)
+            .arg(self.claim_prefix())
+            .arg(self.journal_prefix())
+            .arg(dead_letters_before.map(|t| t.to_string()).unwrap_or_default())
+            .arg(self.dead_prefix())
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(Swept {
+            claims: suffixes.iter().filter_map(|s| split_claim_suffix(s)).collect(),
+            dead_letters,
+        })
+    }
+
+    async fn key_pointer(&self, plugin: &str, pointer: &str, _now: i64) -> Result<String, ClaimError> {
+        let mut conn = self.conn.clone();
+        let (_, recorded): (bool, String) = redis::pipe()
+            .atomic()
+            .hset_nx(self.key_pointers_key(), plugin, pointer)
+            .hget(self.key_pointers_key(), plugin)
+            .query_async(&mut conn)
+            .await?;
+        Ok(recorded)
+    }
+
+    async fn set_key_pointer(&self, plugin: &str, pointer: &str, _now: i64) -> Result<(), ClaimError> {
+        let mut conn = self.conn.clone();
+        let _: () = conn.hset(self.key_pointers_key(), plugin, pointer).await?;
+        Ok(())
+    }
+}
+
+/// `plugin`, `key` from a claim key's suffix `{len(plugin)}:{plugin}:{key}`.
+fn split_claim_suffix(suffix: &str) -> Option<(String, String)> {
+    let (len, rest) = suffix.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    let plugin = rest.get(..len)?;
+    let key = rest.get(len..)?.strip_prefix(':')?;
+    Some((plugin.to_string(), key.to_string()))
 }

@@ -40,6 +40,9 @@ macro_rules! sql_claim_admin {
                 )))
                 .fetch_one(&self.pool)
                 .await? as u64;
+                c.journal = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM journal")
+                    .fetch_one(&self.pool)
+                    .await? as u64;
                 Ok(c)
             }
 
@@ -90,6 +93,50 @@ macro_rules! sql_claim_admin {
                     .execute(&self.pool)
                     .await?;
                 Ok(r.rows_affected() == 1)
+            }
+
+            async fn sweep(
+                &self,
+                settled_before: i64,
+                dead_letters_before: Option<i64>,
+                limit: u32,
+            ) -> Result<$crate::claim::Swept, $crate::claim::ClaimError> {
+                let claims = self.sweep_settled(settled_before, limit).await?;
+                let dead_letters = match dead_letters_before {
+                    Some(before) => sqlx::query(include_str!(concat!(
+                        "../../queries/",
+                        $dialect,
+                        "/retention_dead_letters.sql"
+                    )))
+                    .bind(before)
+                    .bind(i64::from(limit))
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected(),
+                    None => 0,
+                };
+                Ok($crate::claim::Swept { claims, dead_letters })
+            }
+
+            async fn key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<String, $crate::claim::ClaimError> {
+                Ok(
+                    sqlx::query_scalar(include_str!(concat!("../../queries/", $dialect, "/key_pointer_record.sql")))
+                        .bind(plugin)
+                        .bind(pointer)
+                        .bind(now)
+                        .fetch_one(&self.pool)
+                        .await?,
+                )
+            }
+
+            async fn set_key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<(), $crate::claim::ClaimError> {
+                sqlx::query(include_str!(concat!("../../queries/", $dialect, "/key_pointer_set.sql")))
+                    .bind(plugin)
+                    .bind(pointer)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
             }
         }
 

@@ -62,6 +62,28 @@ pub(crate) async fn fence_holds(tx: &mut Transaction<'static, Sqlite>, claim: &C
     Ok(r.rows_affected() == 1)
 }
 
+impl SqliteClaims {
+    /// Remove up to `limit` settled claims older than `before`, then their
+    /// journal entries, in one transaction.
+    async fn sweep_settled(&self, before: i64, limit: u32) -> Result<Vec<(String, String)>, ClaimError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let swept: Vec<(String, String)> = sqlx::query_as(include_str!("../../queries/sqlite/retention_claims.sql"))
+            .bind(before)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        for (plugin, key) in &swept {
+            sqlx::query(include_str!("../../queries/sqlite/retention_journal.sql"))
+                .bind(plugin)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(swept)
+    }
+}
+
 #[async_trait]
 impl ClaimStore for SqliteClaims {
     async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError> {
@@ -129,13 +151,12 @@ impl ClaimStore for SqliteClaims {
                     ClaimOutcome::Conflict
                 }
                 Decision::Exhaust(reason) => {
-                    sqlx::query(include_str!("../../queries/sqlite/claim_mark_dead.sql"))
+                    let retired: i64 = sqlx::query_scalar(include_str!("../../queries/sqlite/claim_mark_dead_any.sql"))
                         .bind(r.plugin)
                         .bind(r.key)
-                        .bind(None::<i64>)
                         .bind(&reason)
                         .bind(now)
-                        .execute(&mut *tx)
+                        .fetch_one(&mut *tx)
                         .await?;
                     insert_dead_letter(
                         &mut tx,
@@ -151,7 +172,10 @@ impl ClaimStore for SqliteClaims {
                         now,
                     )
                     .await?;
-                    ClaimOutcome::Exhausted { attempts: attempts as u32 }
+                    ClaimOutcome::Exhausted {
+                        attempts: attempts as u32,
+                        fence: retired,
+                    }
                 }
                 Decision::TakeOver => {
                     let row = sqlx::query(include_str!("../../queries/sqlite/claim_takeover.sql"))

@@ -105,6 +105,17 @@ impl Config {
                 self.worker.visibility_ms
             );
         }
+        let r = &self.retention;
+        if r.done_ms < self.worker.lease_ms.saturating_add(self.retry.max_delay_ms) {
+            bail!(
+                "retention.done_ms ({}) must be longer than worker.lease_ms + retry.max_delay_ms ({}): a duplicate delivered within a lease or a retry delay of its message settling would run again; the default keeps settled claims 7 days",
+                r.done_ms,
+                self.worker.lease_ms.saturating_add(self.retry.max_delay_ms)
+            );
+        }
+        if r.dead_letters_ms == Some(0) || r.sweep_every_ms == 0 || r.sweep_batch == 0 {
+            bail!("retention.dead_letters_ms, retention.sweep_every_ms and retention.sweep_batch must be above 0 (leave dead_letters_ms unset to keep dead letters until purged)");
+        }
         if self.retry.max_attempts == 0 {
             bail!("retry.max_attempts must be at least 1");
         }

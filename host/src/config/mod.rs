@@ -42,6 +42,36 @@ pub struct Config {
     pub plugins: BTreeMap<String, PluginConfig>,
     /// The HTTP endpoint of `idem run`: metrics, health, loaded plugins.
     pub http: HttpConfig,
+    /// How long settled claims (the duplicate window) and dead letters are kept.
+    pub retention: RetentionConfig,
+}
+
+/// `[retention]`: what the pool's sweeper removes, and how often.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// How long a settled claim (done or dead) and its journal are kept:
+    /// the duplicate-detection window. A duplicate delivered later than
+    /// this after its message settled runs again. Default 7 days.
+    pub done_ms: u64,
+    /// How long dead letters are kept; unset = until purged (`idem dlq`).
+    pub dead_letters_ms: Option<u64>,
+    /// How often each worker pool sweeps.
+    pub sweep_every_ms: u64,
+    /// Most claims (and most dead letters) removed per sweep statement;
+    /// a sweep repeats until less than this is left.
+    pub sweep_batch: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            done_ms: 7 * 24 * 3600 * 1000,
+            dead_letters_ms: None,
+            sweep_every_ms: 60_000,
+            sweep_batch: 500,
+        }
+    }
 }
 
 /// `[http]`: where `idem run` serves `/metrics`, `/healthz`, `/readyz` and
@@ -68,6 +98,7 @@ impl Default for Config {
             endpoints: BTreeMap::new(),
             plugins: BTreeMap::new(),
             http: HttpConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }

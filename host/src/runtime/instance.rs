@@ -13,9 +13,10 @@ use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::{Outcome, EPOCH_TICK};
+use super::Outcome;
 use crate::bindings::idem::handler::types::HandlerError;
 use crate::bindings::HandlerPre;
+use crate::capabilities::meter::{GuestMeter, Metered};
 use crate::capabilities::{Capabilities, Execution, ExecutionCaps, HostAbort};
 use crate::plugin::PluginInfo;
 use crate::text::{tail_chars, truncate_utf8};
@@ -31,7 +32,6 @@ pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: MemoryLimiter,
-    cpu_ticks_left: u64,
     pub(super) caps: ExecutionCaps,
 }
 
@@ -56,17 +56,29 @@ impl HostState {
     }
 }
 
+/// One memory budget per instance, however many linear memories its core
+/// modules declare: a component with several memories shares the budget.
 struct MemoryLimiter {
     max: usize,
+    /// Bytes of every memory of the instance, together.
+    total: usize,
     hit: bool,
 }
 
+impl MemoryLimiter {
+    fn new(max: usize) -> Self {
+        MemoryLimiter { max, total: 0, hit: false }
+    }
+}
+
 impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.max {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let total = self.total.saturating_sub(current).saturating_add(desired);
+        if total > self.max {
             self.hit = true;
             return Ok(false);
         }
+        self.total = total;
         Ok(true)
     }
 
@@ -75,7 +87,8 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// A clock stopped at the Unix epoch: handlers must not depend on time.
+/// A wall clock stopped at the Unix epoch: handlers must not depend on time
+/// (the monotonic clock is stopped too, see `world`).
 struct FrozenClock;
 
 impl wasmtime_wasi::HostWallClock for FrozenClock {
@@ -84,15 +97,6 @@ impl wasmtime_wasi::HostWallClock for FrozenClock {
     }
     fn now(&self) -> Duration {
         Duration::ZERO
-    }
-}
-
-impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
     }
 }
 
@@ -115,41 +119,38 @@ pub(super) async fn run(
         .insecure_random(wasmtime_wasi::Deterministic::new(seed.to_vec()))
         .insecure_random_seed(u128::from_le_bytes(seed[..16].try_into().expect("16 bytes")))
         .wall_clock(FrozenClock)
-        .monotonic_clock(FrozenClock)
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false)
         .build();
     let msg = exec.message();
+    let meter = GuestMeter::new(limits.cpu_ms);
     let state = HostState {
         wasi,
         table: ResourceTable::new(),
-        limiter: MemoryLimiter {
-            max: limits.memory_bytes as usize,
-            hit: false,
-        },
-        cpu_ticks_left: (limits.cpu_ms / EPOCH_TICK.as_millis() as u64).max(1),
-        caps: ExecutionCaps::new(shared.clone(), plugin.clone(), exec),
+        limiter: MemoryLimiter::new(limits.memory_bytes as usize),
+        caps: ExecutionCaps::new(shared.clone(), plugin.clone(), exec).with_meter(meter.clone()),
     };
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limiter);
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|mut ctx| {
+    let tick_meter = meter.clone();
+    store.epoch_deadline_callback(move |mut ctx| {
         let s = ctx.data_mut();
         if s.caps.execution().interrupt.load(Ordering::Relaxed) {
             return Err(s.caps.stop(HostAbort::FenceLost).into());
         }
-        if s.cpu_ticks_left == 0 {
+        // Epoch callbacks run only in guest code: charge it, and stop it
+        // once its budget is spent.
+        tick_meter.charge();
+        if tick_meter.exhausted() {
             let cpu_ms = s.caps.plugin().limits.cpu_ms;
             return Err(s.caps.stop(HostAbort::CpuDeadline(cpu_ms)).into());
-        }
-        if !s.caps.take_in_host() {
-            s.cpu_ticks_left -= 1;
         }
         Ok(UpdateDeadline::Yield(1))
     });
 
-    let instance = match pre.instantiate_async(&mut store).await {
+    let instance = match Metered::new(meter.clone(), pre.instantiate_async(&mut store)).await {
         Ok(i) => i,
         Err(e) if e.downcast_ref::<wasmtime::Trap>().is_none() && store.data().caps.abort().is_none() => {
             return Outcome::HostError(format!("cannot instantiate plugin {}: {e:#}", plugin.name));
@@ -157,7 +158,8 @@ pub(super) async fn run(
         Err(e) => return classify_trap(e, store.data(), &stderr),
     };
     let timeout = Duration::from_millis(limits.timeout_ms);
-    let result = match tokio::time::timeout(timeout, instance.call_handle(&mut store, &msg)).await {
+    let call = Metered::new(meter, instance.call_handle(&mut store, &msg));
+    let result = match tokio::time::timeout(timeout, call).await {
         Ok(r) => r,
         Err(_) => {
             return Outcome::Trapped(format!(
@@ -217,4 +219,37 @@ fn classify_trap(err: wasmtime::Error, state: &HostState, stderr: &MemoryOutputP
         reason.push_str(tail_chars(&text, 2000));
     }
     Outcome::Trapped(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryLimiter;
+    use wasmtime::{Engine, Linker, Module, Store};
+
+    /// Instantiate a core module with `memories` memories of `pages` 64 KiB
+    /// pages each, under one 4-page budget.
+    fn instantiate(memories: usize, pages: u32) -> (bool, bool) {
+        let engine = Engine::default();
+        // The binary of `(module (memory N) ...)`: a memory section only.
+        let mut section = vec![memories as u8];
+        for _ in 0..memories {
+            section.extend([0x00, pages as u8]); // no maximum, `pages` minimum
+        }
+        let mut wasm = b"\0asm\x01\0\0\0".to_vec();
+        wasm.extend([0x05, section.len() as u8]);
+        wasm.extend(section);
+        let module = Module::new(&engine, &wasm).unwrap();
+        let mut store = Store::new(&engine, MemoryLimiter::new(4 << 16));
+        store.limiter(|l| l);
+        let ok = Linker::new(&engine).instantiate(&mut store, &module).is_ok();
+        (ok, store.data().hit)
+    }
+
+    #[test]
+    fn several_memories_share_one_budget() {
+        assert_eq!(instantiate(1, 4), (true, false), "one memory within the budget");
+        assert_eq!(instantiate(2, 2), (true, false), "two memories within the budget together");
+        assert_eq!(instantiate(2, 3), (false, true), "two memories of 3 pages exceed a 4-page budget");
+        assert_eq!(instantiate(4, 2), (false, true), "four memories of 2 pages exceed it");
+    }
 }

@@ -77,6 +77,50 @@ impl wasmtime::component::HasData for HasIo {
     type Data<'a> = &'a mut ResourceTable;
 }
 
+/// `wasi:clocks/monotonic-clock` stopped at zero, whose timers are all
+/// already due: a guest cannot sleep (`std::thread::sleep`, a poll with a
+/// timeout) and hold its slot without spending CPU time; waiting returns at
+/// once, and a loop that waits for the clock to move spins into the CPU
+/// deadline.
+struct StoppedClock<'a>(&'a mut ResourceTable);
+
+impl wasmtime::component::HasData for StoppedClock<'static> {
+    type Data<'a> = StoppedClock<'a>;
+}
+
+/// A timer that is always due.
+struct Due;
+
+#[async_trait::async_trait]
+impl wasmtime_wasi_io::poll::Pollable for Due {
+    async fn ready(&mut self) {}
+}
+
+impl StoppedClock<'_> {
+    fn due(&mut self) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi_io::poll::DynPollable>> {
+        let timer = self.0.push(Due)?;
+        wasmtime_wasi_io::poll::subscribe(self.0, timer)
+    }
+}
+
+impl wasmtime_wasi::p2::bindings::clocks::monotonic_clock::Host for StoppedClock<'_> {
+    fn now(&mut self) -> wasmtime::Result<u64> {
+        Ok(0)
+    }
+    fn resolution(&mut self) -> wasmtime::Result<u64> {
+        Ok(1_000_000_000)
+    }
+    fn subscribe_instant(&mut self, _when: u64) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi_io::poll::DynPollable>> {
+        self.due()
+    }
+    fn subscribe_duration(
+        &mut self,
+        _duration: u64,
+    ) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi_io::poll::DynPollable>> {
+        self.due()
+    }
+}
+
 /// Add the allowed WASI subset (see [`ALLOWED_WASI`]) and nothing else.
 pub(super) fn add_wasi_subset(linker: &mut Linker<HostState>) -> Result<()> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
@@ -90,7 +134,7 @@ pub(super) fn add_wasi_subset(linker: &mut Linker<HostState>) -> Result<()> {
     wasmtime_wasi_io::bindings::wasi::io::poll::add_to_linker::<HostState, HasIo>(l, HostState::table)?;
     wasmtime_wasi_io::bindings::wasi::io::streams::add_to_linker::<HostState, HasIo>(l, HostState::table)?;
     clocks::wall_clock::add_to_linker::<HostState, WasiClocks>(l, HostState::clocks)?;
-    clocks::monotonic_clock::add_to_linker::<HostState, WasiClocks>(l, HostState::clocks)?;
+    clocks::monotonic_clock::add_to_linker::<HostState, StoppedClock>(l, |s| StoppedClock(s.table()))?;
     filesystem::types::add_to_linker::<HostState, WasiFilesystem>(l, HostState::filesystem)?;
     filesystem::preopens::add_to_linker::<HostState, WasiFilesystem>(l, HostState::filesystem)?;
     random::random::add_to_linker::<HostState, WasiRandom>(l, |t| t.wasi().random())?;

@@ -108,6 +108,10 @@ impl DataStore for GroupCommit {
         self.inner.advance_fence(claim).await
     }
 
+    async fn forget_fences(&self, claims: &[(String, String)]) -> Result<(), DataError> {
+        self.inner.forget_fences(claims).await
+    }
+
     async fn upsert_many(&self, items: &[Upsert]) -> Vec<Result<(), DataError>> {
         self.inner.upsert_many(items).await
     }

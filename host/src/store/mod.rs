@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod postgres;
 pub mod sqlite;
+pub mod tokens;
 
 use async_trait::async_trait;
 
@@ -68,12 +69,19 @@ pub trait DataStore: Send + Sync + 'static {
     async fn get(&self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, DataError>;
     /// Delete the key; true if it existed.
     async fn delete(&self, claim: Option<&ClaimRef>, collection: &str, key: &str) -> Result<bool, DataError>;
-    /// Tell the store that `claim`'s fence is now the current one, before
-    /// its execution starts. Stores that check fences against claims in
-    /// another system (fencing tokens) refuse lower fences from then on, so
-    /// a taken-over execution cannot write once its successor has started.
-    /// Stores that check the claim row itself need nothing.
+    /// Tell the store that `claim`'s fence is now the current one (a
+    /// takeover, or a claim retired when it was dead-lettered). Stores that
+    /// check fences against claims in another system (fencing tokens, see
+    /// [`tokens`]) refuse lower fences from then on. `FenceLost` if the store
+    /// has already seen a higher fence for the claim. Stores that check the
+    /// claim row itself need nothing.
     async fn advance_fence(&self, _claim: &ClaimRef) -> Result<(), DataError> {
+        Ok(())
+    }
+    /// Retention: the claim store swept these claims (plugin, key); stores
+    /// that keep fencing tokens drop theirs, so a key delivered again after
+    /// the window starts over at fence 1.
+    async fn forget_fences(&self, _claims: &[(String, String)]) -> Result<(), DataError> {
         Ok(())
     }
     /// Upsert many values, each under its own claim, with one result per

@@ -58,6 +58,52 @@ impl PgData {
     }
 }
 
+impl PgData {
+    /// Upsert a batch in one statement and one transaction, each item under
+    /// its own claim: a stale fence fails its own item only; the last write
+    /// to a row wins. An error of the statement (a bad item, a deadlock
+    /// abort) fails the whole batch; [`DataStore::upsert_many`] then writes
+    /// item by item.
+    pub async fn upsert_batch(&self, items: &[Upsert]) -> Result<Vec<Result<(), DataError>>, sqlx::Error> {
+        let query = match self.fencing {
+            Fencing::Token => include_str!("../../queries/postgres/kv_upsert_batch_token.sql"),
+            Fencing::ClaimRow => include_str!("../../queries/postgres/kv_upsert_batch_claim_row.sql"),
+        };
+        let col = |f: fn(&Upsert) -> String| items.iter().map(f).collect::<Vec<String>>();
+        let positions: Vec<i64> = sqlx::query_scalar(query)
+            .bind(col(|u| u.claim.plugin.clone()))
+            .bind(col(|u| u.claim.key.clone()))
+            .bind(items.iter().map(|u| u.claim.fence).collect::<Vec<i64>>())
+            .bind(col(|u| u.collection.clone()))
+            .bind(col(|u| u.key.clone()))
+            .bind(items.iter().map(|u| u.value.clone()).collect::<Vec<Vec<u8>>>())
+            .bind(now_ms())
+            .fetch_all(&self.pool)
+            .await?;
+        let mut written = vec![false; items.len()];
+        for p in positions {
+            if let Some(slot) = written.get_mut((p - 1) as usize) {
+                *slot = true;
+            }
+        }
+        Ok(items
+            .iter()
+            .zip(written)
+            .map(|(u, written)| {
+                if written {
+                    Ok(())
+                } else {
+                    Err(DataError::FenceLost {
+                        plugin: u.claim.plugin.clone(),
+                        key: u.claim.key.clone(),
+                        fence: u.claim.fence,
+                    })
+                }
+            })
+            .collect())
+    }
+}
+
 #[async_trait]
 impl DataStore for PgData {
     async fn insert_unique(&self, claim: Option<&ClaimRef>, collection: &str, key: &str, value: &[u8]) -> Result<Inserted, DataError> {
@@ -117,10 +163,29 @@ impl DataStore for PgData {
 
     async fn advance_fence(&self, claim: &ClaimRef) -> Result<(), DataError> {
         if self.fencing == Fencing::Token {
-            sqlx::query(include_str!("../../queries/postgres/fence_token.sql"))
+            let highest: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/fence_token.sql"))
                 .bind(&claim.plugin)
                 .bind(&claim.key)
                 .bind(claim.fence)
+                .fetch_one(&self.pool)
+                .await?;
+            if highest > claim.fence {
+                return Err(DataError::FenceLost {
+                    plugin: claim.plugin.clone(),
+                    key: claim.key.clone(),
+                    fence: claim.fence,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn forget_fences(&self, claims: &[(String, String)]) -> Result<(), DataError> {
+        if self.fencing == Fencing::Token && !claims.is_empty() {
+            let (plugins, keys): (Vec<&str>, Vec<&str>) = claims.iter().map(|(p, k)| (p.as_str(), k.as_str())).unzip();
+            sqlx::query(include_str!("../../queries/postgres/fence_forget.sql"))
+                .bind(plugins)
+                .bind(keys)
                 .execute(&self.pool)
                 .await?;
         }
@@ -128,45 +193,8 @@ impl DataStore for PgData {
     }
 
     async fn upsert_many(&self, items: &[Upsert]) -> Vec<Result<(), DataError>> {
-        let query = match self.fencing {
-            Fencing::Token => include_str!("../../queries/postgres/kv_upsert_batch_token.sql"),
-            Fencing::ClaimRow => include_str!("../../queries/postgres/kv_upsert_batch_claim_row.sql"),
-        };
-        let col = |f: fn(&Upsert) -> String| items.iter().map(f).collect::<Vec<String>>();
-        let written: Result<Vec<i64>, sqlx::Error> = sqlx::query_scalar(query)
-            .bind(col(|u| u.claim.plugin.clone()))
-            .bind(col(|u| u.claim.key.clone()))
-            .bind(items.iter().map(|u| u.claim.fence).collect::<Vec<i64>>())
-            .bind(col(|u| u.collection.clone()))
-            .bind(col(|u| u.key.clone()))
-            .bind(items.iter().map(|u| u.value.clone()).collect::<Vec<Vec<u8>>>())
-            .bind(now_ms())
-            .fetch_all(&self.pool)
-            .await;
-        match written {
-            Ok(positions) => {
-                let mut ok = vec![false; items.len()];
-                for p in positions {
-                    if let Some(slot) = ok.get_mut((p - 1) as usize) {
-                        *slot = true;
-                    }
-                }
-                items
-                    .iter()
-                    .zip(ok)
-                    .map(|(u, ok)| {
-                        if ok {
-                            Ok(())
-                        } else {
-                            Err(DataError::FenceLost {
-                                plugin: u.claim.plugin.clone(),
-                                key: u.claim.key.clone(),
-                                fence: u.claim.fence,
-                            })
-                        }
-                    })
-                    .collect()
-            }
+        match self.upsert_batch(items).await {
+            Ok(results) => results,
             Err(e) => {
                 // One bad item (or a deadlock abort) must not fail the
                 // others: write this batch one item at a time, so each error

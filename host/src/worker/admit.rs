@@ -4,9 +4,11 @@
 //!
 //! When the claim store is unreachable, the outage policy decides (G8).
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::heartbeat::Registered;
 use super::Worker;
 use crate::claim::{ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::OutagePolicy;
@@ -45,6 +47,11 @@ pub(super) struct Admission {
     pub attempt: u32,
     /// Traps so far.
     pub traps: u32,
+    /// Keeps the claim's lease and the delivery's visibility extended from
+    /// the claim until the settlement; `None` when unguarded.
+    pub held: Option<Registered>,
+    /// Set by the heartbeat if the claim is lost: the instance stops.
+    pub interrupt: Arc<AtomicBool>,
 }
 
 /// What a claim's outcome asks of a delivery that will not run now.
@@ -77,7 +84,7 @@ pub(super) fn answer(outcome: ClaimOutcome, busy_retry: Duration) -> Answer {
         ClaimOutcome::Acquired { fence, attempt, traps } => Answer::Run { fence, attempt, traps },
         ClaimOutcome::Done | ClaimOutcome::DeadLettered => Answer::Ack(Settled::Duplicate),
         ClaimOutcome::Conflict => Answer::Ack(Settled::Conflict),
-        ClaimOutcome::Exhausted { attempts } => Answer::Ack(Settled::Exhausted(attempts)),
+        ClaimOutcome::Exhausted { attempts, .. } => Answer::Ack(Settled::Exhausted(attempts)),
         ClaimOutcome::Busy { retry_after_ms } => Answer::Redeliver(Duration::from_millis(retry_after_ms.max(1) as u64).min(busy_retry)),
     }
 }
@@ -230,11 +237,18 @@ impl Worker {
                         key: k.key.clone(),
                         fence,
                     };
+                    // Heartbeated from now, not from when the handler starts:
+                    // acking and nacking the rest of the batch may take a
+                    // while (a slow broker nack, a busy duplicate's delay).
+                    let interrupt = Arc::new(AtomicBool::new(false));
+                    let held = Some(self.in_flight.register(&claim, &k.receipt, &interrupt));
                     run.push(Admission {
                         candidate: k,
                         claim: Some(claim),
                         attempt,
                         traps,
+                        held,
+                        interrupt,
                     });
                 }
                 Answer::Ack(why) => {
@@ -350,6 +364,8 @@ impl Worker {
                     claim: None,
                     attempt,
                     traps: 0,
+                    held: None,
+                    interrupt: Arc::default(),
                 });
             } else {
                 tracing::warn!(error = %error, msg_id = %k.envelope.id, "claim store unreachable: leaving the delivery unacked (outage_policy = reject)");
@@ -462,7 +478,7 @@ mod tests {
         assert_eq!(answer(ClaimOutcome::DeadLettered, busy_retry), Answer::Ack(Settled::Duplicate));
         assert_eq!(answer(ClaimOutcome::Conflict, busy_retry), Answer::Ack(Settled::Conflict));
         assert_eq!(
-            answer(ClaimOutcome::Exhausted { attempts: 5 }, busy_retry),
+            answer(ClaimOutcome::Exhausted { attempts: 5, fence: 6 }, busy_retry),
             Answer::Ack(Settled::Exhausted(5))
         );
     }

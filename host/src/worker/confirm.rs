@@ -26,6 +26,9 @@ pub(super) struct AwaitingConfirm {
     pub receipt: String,
     /// The message, kept only when a hook wants it after the ack.
     pub envelope: Option<Arc<Envelope>>,
+    /// Keeps the lease extended until the confirm: a finished execution
+    /// waiting for its batch is never taken for a crashed one.
+    pub _held: Option<super::heartbeat::Registered>,
 }
 
 /// The queue of executions waiting for their confirm.
@@ -69,6 +72,9 @@ impl Worker {
                     }
                     return;
                 }
+            }
+            if let Some(delay) = self.caps.hooks.delay_confirm {
+                tokio::time::sleep(delay).await;
             }
             self.confirm_batch(std::mem::take(&mut batch)).await;
         }

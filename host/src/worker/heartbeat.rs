@@ -1,5 +1,7 @@
-//! Leases follow the work (G5): the registry of executions in flight, and
-//! the heartbeat that extends their claim leases and broker visibility.
+//! Leases follow the work (G5): the registry of claims this worker holds,
+//! from the moment each is taken until it is settled (through the wait for
+//! a batched confirm), and the heartbeat that extends their leases and
+//! broker visibility.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +15,7 @@ use crate::claim::ClaimRef;
 use crate::now_ms;
 use crate::stats::Counters;
 
-/// One running execution, as the heartbeat sees it.
+/// One held claim, as the heartbeat sees it.
 struct Running {
     claim: ClaimRef,
     receipt: String,
@@ -21,7 +23,7 @@ struct Running {
     interrupt: Arc<AtomicBool>,
 }
 
-/// Executions running now, by registration id.
+/// Claims held now, by registration id.
 #[derive(Default)]
 pub(super) struct InFlight {
     running: Mutex<HashMap<u64, Running>>,
@@ -29,9 +31,11 @@ pub(super) struct InFlight {
 }
 
 impl InFlight {
-    /// Register a running execution until the returned guard drops (a
-    /// panic included), so a dead execution's lease is never extended.
-    pub(super) fn register(&self, claim: &ClaimRef, receipt: &str, interrupt: &Arc<AtomicBool>) -> Registered<'_> {
+    /// Register a claim from the moment it is taken until the returned
+    /// guard drops (when it is settled, or its task ends however it ends,
+    /// a panic included), so a lease is extended exactly while the claim
+    /// is held.
+    pub(super) fn register(self: &Arc<Self>, claim: &ClaimRef, receipt: &str, interrupt: &Arc<AtomicBool>) -> Registered {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(
             id,
@@ -41,15 +45,18 @@ impl InFlight {
                 interrupt: interrupt.clone(),
             },
         );
-        Registered { registry: self, id }
+        Registered {
+            registry: self.clone(),
+            id,
+        }
     }
 
-    /// How many run now.
+    /// How many claims are held now.
     pub(super) fn len(&self) -> usize {
         self.lock().len()
     }
 
-    /// The claims and receipts of what runs now.
+    /// The claims and receipts held now.
     pub(super) fn claims_and_receipts(&self) -> Vec<(ClaimRef, String)> {
         self.lock().values().map(|r| (r.claim.clone(), r.receipt.clone())).collect()
     }
@@ -59,13 +66,13 @@ impl InFlight {
     }
 }
 
-/// Removes an execution from the registry when dropped.
-pub(super) struct Registered<'a> {
-    registry: &'a InFlight,
+/// Removes a claim from the registry when dropped.
+pub(super) struct Registered {
+    registry: Arc<InFlight>,
     id: u64,
 }
 
-impl Drop for Registered<'_> {
+impl Drop for Registered {
     fn drop(&mut self) {
         if let Ok(mut map) = self.registry.running.lock() {
             map.remove(&self.id);
@@ -141,7 +148,7 @@ mod tests {
 
     #[test]
     fn an_execution_leaves_the_registry_however_it_ends() {
-        let registry = InFlight::default();
+        let registry = Arc::new(InFlight::default());
         let interrupt = Arc::new(AtomicBool::new(false));
         let a = registry.register(&claim("a"), "r-a", &interrupt);
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -93,8 +93,8 @@ pub struct Worker {
     caps: Arc<Capabilities>,
     options: WorkerOptions,
     counters: Arc<Counters>,
-    /// Executions running now (what the heartbeat extends).
-    in_flight: InFlight,
+    /// Claims held now, from claim to settlement (what the heartbeat extends).
+    in_flight: Arc<InFlight>,
     durations: Durations,
     /// Executions waiting for their confirm.
     confirms: ConfirmQueue,
@@ -111,7 +111,7 @@ impl Worker {
             caps,
             options,
             counters,
-            in_flight: InFlight::default(),
+            in_flight: Arc::default(),
             durations: Durations::default(),
             confirms,
         })

@@ -106,6 +106,7 @@ impl Worker {
                     claim,
                     receipt: k.receipt,
                     envelope: hook.then_some(k.envelope),
+                    _held: a.held,
                 };
                 self.await_confirm(waiting).await;
             }
@@ -197,6 +198,9 @@ impl Worker {
 
     /// Make a delivery visible again after `delay`.
     pub(super) async fn nack(&self, receipt: &str, delay: Duration) {
+        if let Some(slow) = self.caps.hooks.delay_nack {
+            tokio::time::sleep(slow).await;
+        }
         if let Err(e) = self.backends.broker.nack(receipt, delay).await {
             tracing::warn!(error = %e, "nack failed; the delivery becomes visible when its visibility timeout ends");
         }

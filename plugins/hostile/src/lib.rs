@@ -5,12 +5,60 @@
 //! recurses without bound, `ungranted-collection` and `ungranted-endpoint`
 //! use capabilities the plugin was not granted, `huge-log` floods the log,
 //! `huge-stdout` floods standard output, `host-call-loop` calls the host
-//! forever (stopped by the wall-clock timeout), `huge-result` returns a
+//! forever (stopped by the wall-clock timeout), `spin-and-call` works ~1 ms
+//! between cheap denied host calls, forever (stopped by the CPU deadline),
+//! `sleep` sleeps for a minute (the clock's timers are all due at once),
+//! `probe` records what the sandbox shows of time, randomness, environment,
+//! arguments and files (and asks to be retried once), `huge-result` returns a
 //! 2 MiB error, `huge-value` stores 2 MiB, `injection` writes SQL-looking
 //! collection names and keys; `ok` writes one granted value.
 
+use std::hash::BuildHasher;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
 use idem_sdk::{effects, log, store, Message, Result};
 use serde::Deserialize;
+
+/// About a millisecond of work on the host this runs on.
+fn work() {
+    let mut x: u64 = 0;
+    for i in 0..300_000u64 {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+    }
+}
+
+/// What the sandbox lets a handler see; stored for the tests to read.
+fn probe(msg: &Message) -> Result<()> {
+    let wall_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(u128::MAX);
+    let start = Instant::now();
+    work();
+    let monotonic_ns = start.elapsed().as_nanos();
+    let mut secure = [0u8; 16];
+    getrandom::fill(&mut secure).map_err(|e| idem_sdk::permanent(format!("getrandom: {e}")))?;
+    let seeded_hash = std::collections::hash_map::RandomState::new().hash_one(42u64);
+    let files: Vec<String> = ["/", ".", "/etc/passwd", "/proc/self/environ"]
+        .into_iter()
+        .filter(|p| std::fs::metadata(p).is_ok())
+        .map(String::from)
+        .collect();
+    let seen = serde_json::json!({
+        "wall_ns": wall_ns.to_string(),
+        "monotonic_ns": monotonic_ns.to_string(),
+        "secure_random": secure.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        "seeded_hash": seeded_hash.to_string(),
+        "env": std::env::vars().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        "args": std::env::args().collect::<Vec<_>>(),
+        "files": files,
+    });
+    store::collection("hostile").upsert(&format!("{}#{}", msg.key, msg.attempt), &seen)?;
+    if msg.attempt == 1 {
+        return Err(idem_sdk::transient("probe once more, to compare"));
+    }
+    Ok(())
+}
 
 #[derive(Deserialize)]
 struct Attack {
@@ -57,6 +105,16 @@ fn handle(msg: Message) -> Result<()> {
         "host-call-loop" => loop {
             std::hint::black_box(store::collection("hostile").get_bytes("nothing")?);
         },
+        "spin-and-call" => loop {
+            work();
+            let _denied = store::collection("secrets").get_bytes("anything");
+        },
+        "sleep" => {
+            std::thread::sleep(Duration::from_secs(60));
+            store::collection("hostile").upsert(&msg.key, &"woke")?;
+            Ok(())
+        }
+        "probe" => probe(&msg),
         "huge-result" => Err(idem_sdk::permanent("r".repeat(2 << 20))),
         "huge-value" => {
             store::collection("hostile").upsert_bytes(&msg.key, &vec![7u8; 2 << 20])?;

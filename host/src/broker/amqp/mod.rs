@@ -5,8 +5,8 @@
 //! ```text
 //! publish(delay 0) ─────────▶ {ns}.queue ──consume (prefetch, manual ack)──▶ fetch
 //!                                ▲   └─ rejected without requeue ─▶ {ns}.dead (fanout exchange) ─▶ {ns}.dead (queue)
-//! publish(delay > 0) ─▶ {ns}.delay.{ms} (x-message-ttl = ms)
-//! nack(delay > 0)    ─▶    └─ expires ─▶ dead-lettered through the default exchange back to {ns}.queue
+//! publish(delay > 0) ─▶ {ns}.retry.{ms} (quorum, x-message-ttl = ms)
+//! nack(delay > 0)    ─▶    └─ expires ─▶ dead-lettered (at least once) through the default exchange back to {ns}.queue
 //! ```
 //! Idem itself never rejects a delivery (its dead letters go to the claim
 //! store, then the delivery is acked); `{ns}.dead` keeps what is rejected

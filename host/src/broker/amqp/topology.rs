@@ -27,7 +27,9 @@ impl Names {
         Names {
             queue: format!("{namespace}.queue"),
             dead: format!("{namespace}.dead"),
-            delays: DELAY_BUCKETS_MS.iter().map(|ms| (*ms, format!("{namespace}.delay.{ms}"))).collect(),
+            // `retry`, not the `delay` of earlier versions: those were
+            // classic queues, and a queue cannot change its type.
+            delays: DELAY_BUCKETS_MS.iter().map(|ms| (*ms, format!("{namespace}.retry.{ms}"))).collect(),
         }
     }
 
@@ -85,17 +87,31 @@ pub(super) async fn declare(ch: &Channel, names: &Names) -> anyhow::Result<()> {
         .with_context(|| mismatch("queue", &names.queue))?;
 
     for (ms, name) in &names.delays {
-        let mut args = FieldTable::default();
-        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(*ms as i64));
-        // The default exchange ("") routes by queue name: expired messages
-        // go straight back to the main queue.
-        args.insert("x-dead-letter-exchange".into(), string_value(""));
-        args.insert("x-dead-letter-routing-key".into(), string_value(&names.queue));
-        ch.queue_declare(name.as_str().into(), durable, args)
+        ch.queue_declare(name.as_str().into(), durable, delay_queue_arguments(*ms, names))
             .await
             .with_context(|| mismatch("queue", name))?;
     }
     Ok(())
+}
+
+/// A delay queue: messages expire after `ms` and are dead-lettered back to
+/// the main queue. A quorum queue with at-least-once dead-lettering: the
+/// broker keeps an expired message until the main queue has confirmed its
+/// copy, so a retry delay never loses a message (a classic queue's
+/// dead-lettering is fire-and-forget, and a broker crash mid-way drops it).
+pub(super) fn delay_queue_arguments(ms: u64, names: &Names) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), string_value("quorum"));
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ms as i64));
+    // The default exchange ("") routes by queue name: expired messages go
+    // straight back to the main queue.
+    args.insert("x-dead-letter-exchange".into(), string_value(""));
+    args.insert("x-dead-letter-routing-key".into(), string_value(&names.queue));
+    args.insert("x-dead-letter-strategy".into(), string_value("at-least-once"));
+    // Required by at-least-once dead-lettering (nothing is ever dropped
+    // from the head to make room).
+    args.insert("x-overflow".into(), string_value("reject-publish"));
+    args
 }
 
 /// Delete the queues and exchange `names` declares.
@@ -120,10 +136,10 @@ mod tests {
     fn delays_round_up_to_a_bucket() {
         let n = Names::new("ns");
         assert_eq!(n.route(Duration::ZERO), "ns.queue");
-        assert_eq!(n.route(Duration::from_millis(1)), "ns.delay.50");
-        assert_eq!(n.route(Duration::from_millis(50)), "ns.delay.50");
-        assert_eq!(n.route(Duration::from_millis(51)), "ns.delay.250");
-        assert_eq!(n.route(Duration::from_secs(4)), "ns.delay.5000");
-        assert_eq!(n.route(Duration::from_secs(3600)), "ns.delay.600000");
+        assert_eq!(n.route(Duration::from_millis(1)), "ns.retry.50");
+        assert_eq!(n.route(Duration::from_millis(50)), "ns.retry.50");
+        assert_eq!(n.route(Duration::from_millis(51)), "ns.retry.250");
+        assert_eq!(n.route(Duration::from_secs(4)), "ns.retry.5000");
+        assert_eq!(n.route(Duration::from_secs(3600)), "ns.retry.600000");
     }
 }
