@@ -87,7 +87,12 @@ impl Pool {
         hooks: Hooks,
         natives: Vec<(String, Arc<dyn NativeHandler>)>,
     ) -> Result<Pool> {
-        let backends = backend::open(config).await?;
+        let mut backends = backend::open(config).await?;
+        if hooks.wall_clock_offset_ms != 0 {
+            backends.clock = crate::clock::StoreClock::start(backends.admin.clone(), hooks.wall_clock_offset_ms)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot read the claim store's clock: {e}"))?;
+        }
         for (name, p) in &config.plugins {
             crate::plugin::check_key_pointer(backends.admin.as_ref(), name, p.key_pointer.as_deref()).await?;
         }

@@ -10,6 +10,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 
 use crate::broker::Broker;
 use crate::claim::{ClaimAdmin, ClaimStore};
+use crate::clock::StoreClock;
 use crate::config::{BrokerKind, Config, StoreKind};
 use crate::store::DataStore;
 
@@ -25,6 +26,8 @@ pub struct Backends {
     pub admin: Arc<dyn ClaimAdmin>,
     /// Plugin data.
     pub data: Arc<dyn DataStore>,
+    /// The claim store's clock: the time of leases and retries.
+    pub clock: Arc<StoreClock>,
 }
 
 /// Open (creating if needed) the embedded SQLite database and apply its
@@ -209,11 +212,15 @@ pub async fn open(config: &Config) -> Result<Backends> {
     } else {
         claims
     };
+    let clock = StoreClock::start(admin.clone(), 0)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the claim store's clock: {e}"))?;
     Ok(Backends {
         broker,
         claims,
         admin,
         data,
+        clock,
     })
 }
 

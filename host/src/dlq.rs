@@ -17,7 +17,6 @@ use serde::Serialize;
 use crate::backend::Backends;
 use crate::claim::DeadLetter;
 use crate::envelope::Envelope;
-use crate::now_ms;
 
 /// Which dead letters a replay or purge applies to.
 #[derive(Debug, Clone, Default)]
@@ -83,7 +82,12 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
     for d in letters {
         let claim_revived = backends
             .admin
-            .revive(&d.plugin, &d.key, &crate::envelope::payload_hash(&d.payload), now_ms())
+            .revive(
+                &d.plugin,
+                &d.key,
+                &crate::envelope::payload_hash(&d.payload),
+                backends.clock.now_ms(),
+            )
             .await
             .with_context(|| format!("dead letter {}: cannot reset its claim", d.id))?;
         let envelope = Envelope {

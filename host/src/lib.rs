@@ -14,6 +14,7 @@ pub mod bindings;
 pub mod broker;
 pub mod capabilities;
 pub mod claim;
+pub mod clock;
 pub mod config;
 pub mod dlq;
 pub mod envelope;

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::Backends;
 use crate::claim::ClaimError;
 use crate::config::RetentionConfig;
-use crate::now_ms;
 
 /// What one sweep removed in all.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +27,7 @@ pub struct SweepTotals {
 pub async fn sweep_once(backends: &Backends, r: &RetentionConfig, stop: &CancellationToken) -> Result<SweepTotals, ClaimError> {
     let mut totals = SweepTotals::default();
     while !stop.is_cancelled() {
-        let now = now_ms();
+        let now = backends.clock.now_ms();
         let settled_before = now - r.done_ms as i64;
         let dead_letters_before = r.dead_letters_ms.map(|ms| now - ms as i64);
         let swept = backends.admin.sweep(settled_before, dead_letters_before, r.sweep_batch).await?;

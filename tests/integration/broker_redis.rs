@@ -152,7 +152,7 @@ async fn the_worker_runs_on_redis() {
     env.config.worker.visibility_ms = 400;
     env.config.retry.max_attempts = 3;
     env.config.retry.base_delay_ms = 50;
-    env.mock.slow_for = Duration::from_millis(1_500);
+    env.mock.state.lock().unwrap().slow_for = Duration::from_millis(1_500);
     env.mock.state.lock().unwrap().slow.insert("pay-long".into());
     let payment = |id: &str| {
         message(

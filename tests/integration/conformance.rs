@@ -39,6 +39,14 @@ pub async fn claim_store_conformance(b: &Backends) {
     let hash = payload_hash(payload);
     let t0 = 1_000_000;
 
+    // The store's clock (the one leases are measured with) is close to
+    // this machine's; SQLite shares the machine's.
+    if let Some(store_ms) = admin.clock_ms().await.unwrap() {
+        let skew = (store_ms - idem_host::now_ms()).abs();
+        assert!(skew < 5_000, "the claim store's clock is {skew} ms from this machine's");
+    }
+    assert!((b.clock.now_ms() - idem_host::now_ms()).abs() < 5_000);
+
     // A new key is acquired with fence 1, attempt 1.
     let out = claims.claim(&[request("k1", &hash, payload, 3)], t0).await.unwrap();
     assert_eq!(

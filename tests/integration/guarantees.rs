@@ -120,7 +120,7 @@ async fn g5_long_handler_keeps_its_lease() {
     env.config.worker.lease_ms = 400;
     env.config.worker.heartbeat_ms = Some(100);
     env.config.worker.visibility_ms = 400;
-    env.mock.slow_for = Duration::from_millis(1_500);
+    env.mock.state.lock().unwrap().slow_for = Duration::from_millis(1_500);
     env.mock.state.lock().unwrap().slow.insert("pay-long".into());
     let pool = env.start().await;
     pool.backends.broker.publish(&[payment("pay-long")], Duration::ZERO).await.unwrap();
@@ -343,4 +343,68 @@ async fn a_done_execution_awaiting_its_confirm_is_never_dead_lettered() {
     let c = pool.counters.snapshot();
     assert_eq!((c.done, c.dead_lettered, c.fence_rejections), (1, 0, 0), "{c:?}");
     pool.stop().await.unwrap();
+}
+
+/// G3 and G5 with clocks that disagree. Worker B's wall clock runs two
+/// leases ahead of A's; A runs a handler one and a half leases long; B, its slot
+/// free, keeps receiving a duplicate. Lease times come from the claim
+/// store's clock (Postgres here), so B finds the key busy every time: one
+/// execution, never taken over. (Were B's wall clock used, A's lease would
+/// look expired to B at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_lease() {
+    use idem_host::config::{StoreConfig, StoreKind};
+    let mut env = Env::new().await;
+    env.config.namespace = unique_namespace("clock");
+    let postgres = StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(services::postgres()),
+        max_connections: 4,
+    };
+    env.config.claims = postgres.clone();
+    env.config.data = postgres;
+    env.config.worker.shutdown_grace_ms = 60_000;
+    let lease = Duration::from_millis(env.config.worker.lease_ms);
+    env.mock.state.lock().unwrap().slow_for = lease * 3 / 2;
+    env.mock.state.lock().unwrap().slow.insert("pay-skew".into());
+    let a = start_hooked(&env, Default::default()).await;
+    a.backends.broker.publish(&[payment("pay-skew")], Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "A to hold the claim", || async {
+        state(&a, "record-payment", "pay-skew").await == Some("running")
+    })
+    .await;
+    // A fetches nothing more (its handler, heartbeat and confirm go on, for
+    // up to the shutdown grace): the duplicates go to B.
+    a.shutdown.cancel();
+    let ahead = idem_host::hooks::Hooks {
+        wall_clock_offset_ms: 2 * env.config.worker.lease_ms as i64,
+        ..Default::default()
+    };
+    let b = start_hooked(&env, ahead).await;
+    b.backends.broker.publish(&[payment("pay-skew")], Duration::ZERO).await.unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the message to be done and its duplicate acked",
+        || async {
+            state(&b, "record-payment", "pay-skew").await == Some("done")
+                && b.backends.broker.pending().await.unwrap() == 0
+                && b.worker.in_flight() == 0
+        },
+    )
+    .await;
+    let (ca, cb) = (a.counters.snapshot(), b.counters.snapshot());
+    assert_eq!((ca.executions, cb.executions), (1, 0), "only A ran it: {ca:?} {cb:?}");
+    assert!(cb.busy >= 1, "B was told the key is busy: {cb:?}");
+    assert_eq!(ca.fence_rejections + cb.fence_rejections, 0, "never taken over: {ca:?} {cb:?}");
+    assert_eq!(env.step_requests("payments-api", "record-payment", "pay-skew", "charge"), 1);
+    b.stop().await.unwrap();
+    a.join().await.unwrap();
+    let pool = sqlx::PgPool::connect(&services::postgres()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+        env.config.namespace
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
 }

@@ -150,3 +150,99 @@ async fn postgres_connections_terminated_mid_run_are_survived() {
     assert_eq!(report.missing_effects, 0, "{report:?}");
     crate::pool::cleanup(&config).await;
 }
+
+/// G8 with `run-unguarded`: while the claim store is down, messages of a
+/// plugin with no endpoints (grant-credits: an absolute assignment) run
+/// without a claim and are acked; messages of a plugin that calls an API
+/// (record-payment) are never run unguarded: they wait, and run once, with
+/// a claim, when the store is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_store_outage_with_run_unguarded_runs_only_endpoint_free_plugins() {
+    use idem_host::config::OutagePolicy;
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
+    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
+    let mut config = base_config(dir.path(), &mock);
+    config.worker.outage_policy = OutagePolicy::RunUnguarded;
+    config.broker.kind = BrokerKind::Redis;
+    config.broker.url = Some(services::redis());
+    config.claims = StoreConfig {
+        kind: StoreKind::Redis,
+        url: Some(own.url()),
+        max_connections: 8,
+    };
+    config.data = StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(services::postgres()),
+        max_connections: 8,
+    };
+    let pool = Pool::start(&config).await.unwrap();
+    mock.watch_journal(pool.backends.claims.clone());
+    own.kill();
+
+    let grants: Vec<_> = (0..20)
+        .map(|i| {
+            envelope(
+                &format!("grant-{i}"),
+                "grant-credits",
+                json!({ "user": format!("u{i}"), "balance": i * 10 }),
+            )
+        })
+        .collect();
+    let payments: Vec<_> = (0..5)
+        .map(|i| {
+            let id = format!("pay-unguarded-{i}");
+            envelope(
+                &id,
+                "record-payment",
+                json!({ "payment_id": id, "customer": "c", "amount_cents": 100 }),
+            )
+        })
+        .collect();
+    pool.backends.broker.publish(&payments, Duration::ZERO).await.unwrap();
+    pool.backends.broker.publish(&grants, Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(60), "the grants to run unguarded", || async {
+        pool.backends
+            .data
+            .scan("credits")
+            .await
+            .map(|rows| rows.len() == 20)
+            .unwrap_or(false)
+    })
+    .await;
+    let during = pool.counters.snapshot();
+    assert!(during.outage_decisions >= 20, "{during:?}");
+    assert_eq!(mock.total_requests(), 0, "no payment ran without a claim");
+    for i in 0..20u64 {
+        let stored = pool.backends.data.get("credits", &format!("u{i}")).await.unwrap();
+        assert_eq!(stored, Some((i * 10).to_string().into_bytes()));
+    }
+
+    own.spawn().unwrap();
+    wait_until(Duration::from_secs(120), "the payments to run once the store is back", || async {
+        let mut done = 0;
+        for i in 0..5 {
+            if pool
+                .backends
+                .admin
+                .state("record-payment", &format!("pay-unguarded-{i}"))
+                .await
+                .ok()
+                .flatten()
+                == Some(idem_host::claim::ClaimState::Done)
+            {
+                done += 1;
+            }
+        }
+        done == 5 && pool.backends.broker.pending().await.unwrap_or(1) == 0
+    })
+    .await;
+    for i in 0..5 {
+        let key = format!("pay-unguarded-{i}");
+        assert_eq!(mock.performed("payments", &key), 1, "{key} charged once");
+    }
+    assert_eq!(mock.calls_after_journal(), 0);
+    pool.stop().await.unwrap();
+    crate::pool::cleanup(&config).await;
+}

@@ -87,6 +87,10 @@ pub struct Swept {
 pub trait ClaimAdmin: Send + Sync + 'static {
     /// Answer if the store is reachable (readiness).
     async fn ping(&self) -> Result<(), ClaimError>;
+    /// The store's own clock, in ms since the Unix epoch: the one clock
+    /// every worker measures leases with (see [`crate::clock`]). `None` for
+    /// a store on the workers' own machine (SQLite), whose clock it shares.
+    async fn clock_ms(&self) -> Result<Option<i64>, ClaimError>;
     /// The state of one claim, if any.
     async fn state(&self, plugin: &str, key: &str) -> Result<Option<ClaimState>, ClaimError>;
     /// Counts by state.

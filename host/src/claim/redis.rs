@@ -304,6 +304,12 @@ impl ClaimAdmin for RedisClaims {
         Ok(())
     }
 
+    async fn clock_ms(&self) -> Result<Option<i64>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        Ok(Some(secs * 1000 + micros / 1000))
+    }
+
     async fn state(&self, plugin: &str, key: &str) -> Result<Option<ClaimState>, ClaimError> {
         let mut conn = self.conn.clone();
         let name: Option<String> = conn.hget(self.claim_key(plugin, key), "state").await?;

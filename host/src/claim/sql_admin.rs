@@ -14,6 +14,17 @@ macro_rules! sql_claim_admin {
                 Ok(())
             }
 
+            async fn clock_ms(&self) -> Result<Option<i64>, $crate::claim::ClaimError> {
+                let file = include_str!(concat!("../../queries/", $dialect, "/clock.sql"));
+                let query: String = file.lines().filter(|l| !l.trim_start().starts_with("--")).collect();
+                if query.trim().is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(query)).fetch_one(&self.pool).await?,
+                ))
+            }
+
             async fn state(&self, plugin: &str, key: &str) -> Result<Option<$crate::claim::ClaimState>, $crate::claim::ClaimError> {
                 let name: Option<String> = sqlx::query_scalar(include_str!(concat!("../../queries/", $dialect, "/admin_state.sql")))
                     .bind(plugin)

@@ -13,7 +13,6 @@ use super::Worker;
 use crate::claim::{ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::OutagePolicy;
 use crate::envelope::{check_key, derive_key, payload_hash, printable, Delivery, Envelope, MAX_KEY_BYTES};
-use crate::now_ms;
 use crate::plugin::PluginInfo;
 use crate::runtime::Plugin;
 use crate::stats::Counters;
@@ -188,7 +187,7 @@ impl Worker {
                 plugin_version: None,
             })
             .collect();
-        match self.backends.claims.dead_letter(&items, now_ms()).await {
+        match self.backends.claims.dead_letter(&items, self.backends.clock.now_ms()).await {
             Ok(_) => {
                 for (d, reason) in &rejected {
                     tracing::warn!(msg_id = %d.envelope.id, handler = %d.envelope.handler, %reason, "dead-lettered bad input");
@@ -300,13 +299,18 @@ impl Worker {
                 plugin_version: &k.plugin.version,
             })
             .collect();
-        match self.backends.claims.claim(&requests, now_ms()).await {
+        match self.backends.claims.claim(&requests, self.backends.clock.now_ms()).await {
             Ok(outcomes) => Ok(outcomes.into_iter().map(Ok).collect()),
             Err(ClaimError::Rejected(why)) if requests.len() > 1 => {
                 tracing::warn!(%why, count = requests.len(), "the claim store refused a batch; claiming its messages one by one");
                 let mut out = Vec::with_capacity(requests.len());
                 for r in &requests {
-                    match self.backends.claims.claim(std::slice::from_ref(r), now_ms()).await {
+                    match self
+                        .backends
+                        .claims
+                        .claim(std::slice::from_ref(r), self.backends.clock.now_ms())
+                        .await
+                    {
                         Ok(mut o) => out.push(Ok(o.pop().expect("one outcome per request"))),
                         Err(ClaimError::Rejected(why)) => out.push(Err(why)),
                         Err(e) => return Err(e),
@@ -338,7 +342,7 @@ impl Worker {
             fence: None,
             plugin_version: Some(&k.plugin.version),
         };
-        match self.backends.claims.dead_letter(&[item], now_ms()).await {
+        match self.backends.claims.dead_letter(&[item], self.backends.clock.now_ms()).await {
             Ok(_) => {
                 Counters::inc(&self.counters.dead_lettered);
                 tracing::warn!(%msg_id, %key, %reason, "dead-lettered");

@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 use super::Worker;
 use crate::claim::ClaimRef;
 use crate::envelope::Envelope;
-use crate::now_ms;
 use crate::stats::Counters;
 
 /// Most confirmations sent to the claim store (and acks to the broker) in
@@ -86,7 +85,7 @@ impl Worker {
     async fn confirm_batch(&self, items: Vec<AwaitingConfirm>) {
         let c = &self.counters;
         let claims: Vec<ClaimRef> = items.iter().map(|s| s.claim.clone()).collect();
-        match self.backends.claims.confirm(&claims, now_ms()).await {
+        match self.backends.claims.confirm(&claims, self.backends.clock.now_ms()).await {
             Ok(confirmed) => {
                 let mut done = Vec::with_capacity(items.len());
                 for (item, ok) in items.iter().zip(confirmed) {

@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::Worker;
 use crate::claim::ClaimRef;
-use crate::now_ms;
 use crate::stats::Counters;
 
 /// One held claim, as the heartbeat sees it.
@@ -112,7 +111,7 @@ impl Worker {
             return;
         }
         let lease_ms = self.options.lease.as_millis() as i64;
-        match self.backends.claims.extend(&claims, lease_ms, now_ms()).await {
+        match self.backends.claims.extend(&claims, lease_ms, self.backends.clock.now_ms()).await {
             Ok(held) => {
                 let map = self.in_flight.lock();
                 for ((ok, id), claim) in held.iter().zip(&ids).zip(&claims) {

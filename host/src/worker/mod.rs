@@ -32,7 +32,6 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::Backends;
 use crate::capabilities::Capabilities;
 use crate::config::{Config, OutagePolicy, RetryConfig};
-use crate::now_ms;
 use crate::runtime::Runtime;
 use crate::stats::Counters;
 use confirm::ConfirmQueue;
@@ -231,7 +230,7 @@ impl Worker {
         );
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
-        let now = now_ms();
+        let now = self.backends.clock.now_ms();
         for (claim, receipt) in running {
             match self
                 .backends

@@ -14,7 +14,6 @@ use super::confirm::AwaitingConfirm;
 use super::{retry, Worker};
 use crate::claim::{ClaimRef, DeadLetterRequest};
 use crate::config::RetryConfig;
-use crate::now_ms;
 use crate::runtime::Outcome;
 use crate::stats::Counters;
 
@@ -98,7 +97,14 @@ impl Worker {
             Outcome::HostError(reason) => tracing::warn!(%reason, "host error before the handler ran"),
             _ => {}
         }
-        match settlement(outcome, a.attempt, a.traps, &self.options.retry, now_ms(), rand::random::<f64>()) {
+        match settlement(
+            outcome,
+            a.attempt,
+            a.traps,
+            &self.options.retry,
+            self.backends.clock.now_ms(),
+            rand::random::<f64>(),
+        ) {
             Settlement::Confirm => {
                 let hook = self.caps.hooks.on_done.is_some();
                 let k = a.candidate;
@@ -128,7 +134,12 @@ impl Worker {
 
     async fn retry(&self, a: &Admission, claim: &ClaimRef, delay: Duration, not_before: i64, reason: &str, trapped: bool) {
         let receipt = &a.candidate.receipt;
-        match self.backends.claims.release(claim, not_before, reason, trapped, now_ms()).await {
+        match self
+            .backends
+            .claims
+            .release(claim, not_before, reason, trapped, self.backends.clock.now_ms())
+            .await
+        {
             Ok(true) => {
                 Counters::inc(&self.counters.retries);
                 tracing::info!(?delay, %reason, "retrying later");
@@ -158,7 +169,7 @@ impl Worker {
             fence: Some(claim.fence),
             plugin_version: Some(&k.plugin.version),
         };
-        match self.backends.claims.dead_letter(&[item], now_ms()).await {
+        match self.backends.claims.dead_letter(&[item], self.backends.clock.now_ms()).await {
             Ok(v) if v.first() == Some(&true) => {
                 Counters::inc(&self.counters.dead_lettered);
                 tracing::warn!(%reason, "dead-lettered");

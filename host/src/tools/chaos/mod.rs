@@ -7,8 +7,10 @@
 //! the workers run it injects faults at random moments: SIGKILL of a worker
 //! (restarted after a pause), SIGKILL and restart of Redis (a Redis of its
 //! own, persisting every write, so a restart is a crash, not a wipe),
-//! termination of the deployment's Postgres connections, and closing of
-//! the broker connections. When the queue has drained it checks every
+//! a restart of NATS (a server of its own, its streams on disk),
+//! termination of the deployment's Postgres connections, closing of the
+//! broker connections, and network partitions (a proxy in front of each
+//! server stalls or cuts every connection for longer than a lease). When the queue has drained it checks every
 //! message (done or dead-lettered, only the poison message dead), every
 //! effect (stored once, performed once at the mock), and that no journaled
 //! call reached an endpoint again. The seed is printed so a failing run can
@@ -24,9 +26,11 @@ use serde::Serialize;
 
 use crate::config::{BrokerKind, Config, StoreKind};
 use crate::tools::demo::{demo_config, verify, Schedule};
-use crate::tools::kit::{Mock, OwnRedis};
+use crate::tools::kit::{Mock, OwnNats, OwnRedis};
+use partitions::Partitions;
 use workers::Workers;
 
+mod partitions;
 mod workers;
 
 /// Arguments of `idem chaos`.
@@ -78,6 +82,10 @@ pub struct ChaosReport {
     pub postgres_terminations: u64,
     /// Rounds of broker connections closed by the server.
     pub broker_disconnects: u64,
+    /// Network partitions (a server stalled or cut off, then healed).
+    pub partitions: u64,
+    /// NATS stopped (SIGTERM) and restarted.
+    pub nats_restarts: u64,
     /// Distinct messages whose effect is stored.
     pub effects: u64,
     /// Distinct effectful messages.
@@ -86,6 +94,10 @@ pub struct ChaosReport {
     pub double_effects: u64,
     /// Requests for a step already journaled (must be 0).
     pub calls_after_journal: u64,
+    /// Steps answered more than once, whatever their keys: a worker killed
+    /// between an answer and its journal write sends the step again, with
+    /// the same key (reported; the endpoint's key makes it harmless).
+    pub resent_steps: u64,
     /// Messages neither done nor dead-lettered (must be 0).
     pub lost: u64,
     /// Effectful messages with a missing effect (must be 0).
@@ -111,11 +123,19 @@ enum Fault {
     RedisRestart,
     PostgresTerminate,
     BrokerDisconnect,
+    Partition,
+    NatsRestart,
 }
 
 /// The example configuration, pointed at the run's namespace, mock,
 /// plugins and (where Redis is used) its own Redis.
-fn chaos_config(args: &ChaosArgs, dir: &Path, mock: &Mock, redis: Option<&OwnRedis>, seed: u64) -> Result<Config> {
+fn chaos_config(
+    args: &ChaosArgs,
+    dir: &Path,
+    mock: &Mock,
+    (redis, nats): (Option<&OwnRedis>, Option<&OwnNats>),
+    seed: u64,
+) -> Result<Config> {
     let mut config = Config::load(&args.config)?;
     // Absolute: the workers read the config from another directory.
     let plugins = std::fs::canonicalize(&args.plugins).with_context(|| {
@@ -128,12 +148,14 @@ fn chaos_config(args: &ChaosArgs, dir: &Path, mock: &Mock, redis: Option<&OwnRed
     config.namespace = format!("chaos_{}_{}", seed % 1_000_000, &uuid::Uuid::new_v4().simple().to_string()[..6]);
     config.database.path = dir.join("idem.db");
     config.endpoints = demo.endpoints;
+    // Every plugin from the built directory, by file name: the workers read
+    // their configuration from another directory, where the example's
+    // relative paths would not resolve.
     for (name, plugin) in config.plugins.iter_mut() {
-        plugin.path = demo
-            .plugins
-            .get(name)
-            .map(|p| p.path.clone())
-            .unwrap_or_else(|| plugin.path.clone());
+        plugin.path = match demo.plugins.get(name) {
+            Some(p) => p.path.clone(),
+            None => plugins.join(plugin.path.file_name().context("a plugin path without a file name")?),
+        };
     }
     if let Some(r) = redis {
         if config.broker.kind == BrokerKind::Redis {
@@ -142,6 +164,9 @@ fn chaos_config(args: &ChaosArgs, dir: &Path, mock: &Mock, redis: Option<&OwnRed
         if config.claims.kind == StoreKind::Redis {
             config.claims.url = Some(r.url());
         }
+    }
+    if let (Some(n), BrokerKind::Nats) = (nats, config.broker.kind) {
+        config.broker.url = Some(n.url());
     }
     // Leases and visibility shorter than the slow handlers: the heartbeat
     // must carry them, and a killed worker's work comes back quickly.
@@ -170,9 +195,23 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     let probe = Config::load(&args.config)?;
     let uses_redis = probe.broker.kind == BrokerKind::Redis || probe.claims.kind == StoreKind::Redis;
     let mut redis = if uses_redis { Some(OwnRedis::start()?) } else { None };
-    let config = chaos_config(args, dir.path(), &mock, redis.as_ref(), seed)?;
-    let config_path = dir.path().join("idem.toml");
-    std::fs::write(&config_path, toml::to_string(&config)?)?;
+    let mut nats = if probe.broker.kind == BrokerKind::Nats {
+        Some(OwnNats::start()?)
+    } else {
+        None
+    };
+    let config = chaos_config(args, dir.path(), &mock, (redis.as_ref(), nats.as_ref()), seed)?;
+    // Each worker reaches every server through proxies of its own that
+    // partition; this process (publishing, counting, checking) connects
+    // directly.
+    let mut slots = vec![config.clone(); args.workers];
+    let partitions = Partitions::route(&mut slots).await?;
+    let mut config_paths = Vec::with_capacity(args.workers);
+    for (slot, c) in slots.iter().enumerate() {
+        let path = dir.path().join(format!("idem-{slot}.toml"));
+        std::fs::write(&path, toml::to_string(c)?)?;
+        config_paths.push(path);
+    }
     let uses_postgres = config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres;
 
     let backends = crate::backend::open(&config).await?;
@@ -187,7 +226,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
         ..Default::default()
     };
 
-    let mut workers = Workers::new(config_path.clone(), dir.path().to_path_buf(), args.workers);
+    let mut workers = Workers::new(config_paths, dir.path().to_path_buf());
     for slot in 0..args.workers {
         workers.spawn(slot)?;
     }
@@ -218,6 +257,12 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
                 if matches!(config.broker.kind, BrokerKind::Redis | BrokerKind::Rabbitmq) {
                     menu.push(Fault::BrokerDisconnect);
                 }
+                if partitions.any() {
+                    menu.push(Fault::Partition);
+                }
+                if nats.is_some() {
+                    menu.push(Fault::NatsRestart);
+                }
             }
             match menu[rng.random_range(0..menu.len())] {
                 Fault::Kill => {
@@ -239,6 +284,21 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
                     Ok(()) => report.postgres_terminations += 1,
                     Err(e) => eprintln!("idem chaos: could not terminate Postgres connections: {e:#}"),
                 },
+                Fault::Partition => {
+                    let what = partitions.inject(&mut rng, config.worker.lease()).await;
+                    tracing::info!(%what, "chaos: partition healed");
+                    report.partitions += 1;
+                }
+                // A restart, not a crash: NATS 2.9 writes consumer state to
+                // disk lazily, and after SIGKILL its consumer can lose track
+                // of acks and pending deliveries (docs/RELIABILITY.md).
+                Fault::NatsRestart => {
+                    let n = nats.as_mut().expect("on the menu only with a NATS");
+                    n.stop();
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(100..800))).await;
+                    n.spawn()?;
+                    report.nats_restarts += 1;
+                }
                 Fault::BrokerDisconnect => match disconnect_broker(&config, redis.as_ref()).await {
                     Ok(true) => report.broker_disconnects += 1,
                     Ok(false) => {}
@@ -271,6 +331,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     report.expected_effects = checked.expected_effects;
     report.double_effects = checked.double_effects;
     report.calls_after_journal = checked.calls_after_journal;
+    report.resent_steps = checked.resent_steps;
     report.lost = checked.lost;
     report.missing_effects = checked.missing_effects;
     report.external_calls = checked.external_calls;
@@ -289,6 +350,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
         eprintln!("idem chaos: worker logs kept in {}", dir.keep().display());
     }
     drop(redis);
+    drop(nats);
     Ok(report)
 }
 
@@ -403,21 +465,24 @@ pub async fn cleanup(config: &Config) {
 pub async fn main(args: ChaosArgs) -> Result<ExitCode> {
     let report = run(&args).await?;
     eprintln!(
-        "idem chaos: {} messages ({} publishes), {} workers, {} kills, {} Redis restarts, {} Postgres terminations, {} broker disconnects",
+        "idem chaos: {} messages ({} publishes), {} workers, {} kills, {} Redis restarts, {} NATS restarts, {} Postgres terminations, {} broker disconnects, {} partitions",
         report.messages,
         report.published,
         report.workers,
         report.kills,
         report.redis_restarts,
+        report.nats_restarts,
         report.postgres_terminations,
-        report.broker_disconnects
+        report.broker_disconnects,
+        report.partitions
     );
     eprintln!(
-        "idem chaos: effects {}/{}, double effects {}, calls after journal {}, lost {}, missing {}, dead letters {} ({} unexpected) in {:.1} s: {}",
+        "idem chaos: effects {}/{}, double effects {}, calls after journal {}, re-sent steps {}, lost {}, missing {}, dead letters {} ({} unexpected) in {:.1} s: {}",
         report.effects,
         report.expected_effects,
         report.double_effects,
         report.calls_after_journal,
+        report.resent_steps,
         report.lost,
         report.missing_effects,
         report.dead_letters,

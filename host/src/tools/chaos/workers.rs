@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 pub(super) struct Workers {
-    config: PathBuf,
+    /// Each slot's configuration file.
+    configs: Vec<PathBuf>,
     logs: PathBuf,
     children: Vec<Option<Child>>,
     log_of: Vec<PathBuf>,
@@ -16,11 +17,12 @@ pub(super) struct Workers {
 }
 
 impl Workers {
-    /// `count` worker slots running `idem run --config CONFIG`, logging
-    /// into `logs`.
-    pub(super) fn new(config: PathBuf, logs: PathBuf, count: usize) -> Self {
+    /// One worker slot per configuration file, each running `idem run
+    /// --config FILE`, logging into `logs`.
+    pub(super) fn new(configs: Vec<PathBuf>, logs: PathBuf) -> Self {
+        let count = configs.len();
         Workers {
-            config,
+            configs,
             logs,
             children: (0..count).map(|_| None).collect(),
             log_of: vec![PathBuf::new(); count],
@@ -34,7 +36,7 @@ impl Workers {
         let log = std::fs::File::create(&self.log_of[slot])?;
         let child = Command::new(std::env::current_exe()?)
             .args(["run", "--config"])
-            .arg(&self.config)
+            .arg(&self.configs[slot])
             .env("IDEM_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)

@@ -91,6 +91,9 @@ pub struct DemoReport {
     pub double_effects: u64,
     /// Requests for a step whose response was already journaled (must be 0).
     pub calls_after_journal: u64,
+    /// Steps answered more than once, whatever their keys (must be 0: the
+    /// demo's crashes come after the journal write).
+    pub resent_steps: u64,
     /// Messages neither done nor dead-lettered (must be 0).
     pub lost: u64,
     /// Effectful messages whose store or external effect is missing (must be 0).
@@ -104,6 +107,7 @@ impl DemoReport {
     pub fn ok(&self) -> bool {
         self.double_effects == 0
             && self.calls_after_journal == 0
+            && self.resent_steps == 0
             && self.lost == 0
             && self.missing_effects == 0
             && self.effects == self.expected_effects
@@ -312,6 +316,7 @@ pub async fn verify(backends: &crate::backend::Backends, mock: &Mock, schedule: 
         .sum();
     report.double_effects = mock.double_effects();
     report.calls_after_journal = mock.calls_after_journal();
+    report.resent_steps = mock.resent();
     Ok(report)
 }
 
@@ -337,7 +342,7 @@ fn print_table(r: &DemoReport) {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
     t.set_header(vec!["", "count", "what it means"]);
-    let rows: [(&str, u64, &str); 18] = [
+    let rows: [(&str, u64, &str); 19] = [
         ("messages", r.messages, "distinct messages published"),
         ("published", r.published, "publishes, duplicates included"),
         ("deliveries", r.deliveries, "deliveries by the broker, redeliveries included"),
@@ -366,6 +371,7 @@ fn print_table(r: &DemoReport) {
             r.calls_after_journal,
             "journaled calls sent again: must be 0",
         ),
+        ("re-sent steps", r.resent_steps, "steps answered twice, whatever the key: must be 0"),
         ("lost", r.lost, "must be 0"),
         ("missing effects", r.missing_effects, "must be 0"),
     ];

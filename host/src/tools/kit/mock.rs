@@ -36,6 +36,8 @@ pub struct MockState {
     pub performed: HashMap<(String, String), u32>,
     /// References whose first request is slow.
     pub slow: HashSet<String>,
+    /// How long a slow request takes (settable while the mock runs).
+    pub slow_for: Duration,
     /// References whose first requests fail with 503, and how many do.
     pub flaky: HashMap<String, u32>,
     /// `api/reference` pairs whose first request is held until
@@ -46,6 +48,10 @@ pub struct MockState {
     /// Requests for a (plugin, key, step) whose response Idem had already
     /// journaled: a journaled call must be replayed, never re-sent.
     pub after_journal: u32,
+    /// Successful answers per (api, reference, step), whatever the key:
+    /// more than one is a step sent again (the endpoint's key dedupe hid
+    /// its effect, this does not hide the request).
+    pub answered: HashMap<(String, String, String), u32>,
     seen_refs: HashMap<String, u32>,
     next_id: u64,
 }
@@ -57,8 +63,6 @@ pub struct Mock {
     pub addr: SocketAddr,
     /// Its counts.
     pub state: Arc<Mutex<MockState>>,
-    /// How long a slow request takes.
-    pub slow_for: Duration,
     release: Arc<Notify>,
     arrived: Arc<Notify>,
     journal: Arc<Mutex<Option<Arc<dyn ClaimStore>>>>,
@@ -78,8 +82,10 @@ impl Mock {
         let addr = listener.local_addr()?;
         let mock = Mock {
             addr,
-            state: Arc::new(Mutex::new(MockState::default())),
-            slow_for,
+            state: Arc::new(Mutex::new(MockState {
+                slow_for,
+                ..MockState::default()
+            })),
             release: Arc::new(Notify::new()),
             arrived: Arc::new(Notify::new()),
             journal: Arc::new(Mutex::new(None)),
@@ -131,6 +137,13 @@ impl Mock {
         s.performed.values().map(|&n| n.saturating_sub(1) as u64).sum()
     }
 
+    /// Steps answered more than once for the same (api, reference, step):
+    /// requests sent again, even where the key made them harmless.
+    pub fn resent(&self) -> u64 {
+        let s = self.state.lock().expect("mock state poisoned");
+        s.answered.values().map(|&n| n.saturating_sub(1) as u64).sum()
+    }
+
     /// Effects performed for one (api, reference).
     pub fn performed(&self, api: &str, reference: &str) -> u32 {
         let s = self.state.lock().expect("mock state poisoned");
@@ -160,14 +173,19 @@ pub struct Counts {
     pub double_effects: u64,
     /// Requests refused for carrying no `Idempotency-Key`.
     pub unkeyed: u64,
+    /// Steps answered more than once for the same (api, reference, step),
+    /// whatever their keys: requests sent again.
+    pub resent: u64,
 }
 
 impl Mock {
     /// The counts `GET /counts` answers.
     pub fn counts(&self) -> Counts {
         let double_effects = self.double_effects();
+        let resent = self.resent();
         let s = self.state.lock().expect("mock state poisoned");
         Counts {
+            resent,
             requests: s.requests.values().map(|&n| n as u64).sum::<u64>() + s.unkeyed as u64,
             effects: s.performed.values().map(|&n| n as u64).sum(),
             double_effects,
@@ -196,7 +214,7 @@ async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: Head
             mock.state.lock().expect("mock state poisoned").after_journal += 1;
         }
     }
-    let (slow, flaky_now, held) = {
+    let (slow, slow_for, flaky_now, held) = {
         let mut s = mock.state.lock().expect("mock state poisoned");
         match &key {
             Some(k) => *s.requests.entry(k.clone()).or_default() += 1,
@@ -212,6 +230,7 @@ async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: Head
         let failures = s.flaky.get(&reference).copied().unwrap_or(0);
         (
             s.slow.contains(&reference) && seen == 1,
+            s.slow_for,
             seen <= failures,
             s.held.contains(&pair) && seen == 1,
         )
@@ -224,7 +243,7 @@ async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: Head
         released.await;
     }
     if slow {
-        tokio::time::sleep(mock.slow_for).await;
+        tokio::time::sleep(slow_for).await;
     }
     if flaky_now {
         return (StatusCode::SERVICE_UNAVAILABLE, "temporarily unavailable, retry").into_response();
@@ -232,7 +251,13 @@ async fn handle(State(mock): State<Mock>, Path(api): Path<String>, headers: Head
     let Some(key) = key else {
         return (StatusCode::BAD_REQUEST, "Idempotency-Key header required").into_response();
     };
+    let step = headers
+        .get("Idem-Step")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     let mut s = mock.state.lock().expect("mock state poisoned");
+    *s.answered.entry((api.clone(), reference.clone(), step)).or_default() += 1;
     if let Some(stored) = s.responses.get(&key) {
         return (StatusCode::OK, stored.clone()).into_response();
     }

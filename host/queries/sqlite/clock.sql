@@ -1,0 +1,2 @@
+-- SQLite lives on the workers' own machine: its clock is theirs, and
+-- there is nothing to read here.
