@@ -707,3 +707,58 @@ async fn a_key_pointer_stays_fixed_for_the_namespace_across_reloads_and_restarts
 async fn pool_admin(config: &idem_host::config::Config) -> std::sync::Arc<dyn idem_host::claim::ClaimAdmin> {
     backend::open(config).await.unwrap().admin
 }
+
+/// An execution keeps the version it started with: a reload that swaps the
+/// plugin while a handler runs (held inside its charge) does not change the
+/// code or the version that execution records; the next message runs the
+/// new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_finishes_on_the_version_it_started_with_across_a_swap() {
+    let mut env = Env::new().await;
+    let file = env.dir.path().join("record_payment.wasm");
+    let original = std::fs::read(plugin_dir().join("record_payment.wasm")).unwrap();
+    std::fs::write(&file, &original).unwrap();
+    env.config.plugins.get_mut("record-payment").unwrap().path = file.clone();
+    env.mock.state.lock().unwrap().held.insert("payments/pay-pin".into());
+    let pool = env.start().await;
+    let reloader = idem_host::reload::Reloader::new(pool.runtime.clone(), pool.backends.admin.clone(), env.config.clone(), None);
+    let v1 = pool.runtime.plugin("record-payment").unwrap().version.clone();
+    let pay = |id: &str| {
+        envelope(
+            id,
+            "record-payment",
+            json!({ "payment_id": id, "customer": "c", "amount_cents": 5 }),
+        )
+    };
+    pool.backends.broker.publish(&[pay("pay-pin")], Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "the charge to reach the API and be held", || async {
+        env.mock.total_requests() >= 1
+    })
+    .await;
+
+    std::fs::write(&file, with_custom_section(&original, "v2")).unwrap();
+    let report = reloader.reload(false).await;
+    assert_eq!(report.swapped.len(), 1, "{report:?}");
+    let v2 = pool.runtime.plugin("record-payment").unwrap().version.clone();
+    assert_ne!(v1, v2);
+    env.mock.release();
+    pool.backends.broker.publish(&[pay("pay-after")], Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+
+    let journal = |key: &'static str| {
+        let db = env.config.database.path.clone();
+        async move {
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await.unwrap();
+            let v: String = sqlx::query_scalar("SELECT plugin_version FROM journal WHERE plugin = 'record-payment' AND key = ?1")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            v
+        }
+    };
+    assert_eq!(journal("pay-pin").await, v1, "the running execution kept its version");
+    assert_eq!(journal("pay-after").await, v2, "the next message ran the new one");
+    assert_eq!(state(&pool, "record-payment", "pay-pin").await, Some("done"));
+    pool.stop().await.unwrap();
+}
