@@ -11,6 +11,7 @@ use crate::backend::{self, Backends};
 use crate::capabilities::{effects::Endpoints, Capabilities, Grants};
 use crate::config::Config;
 use crate::hooks::Hooks;
+use crate::runtime::footprint::Footprint;
 use crate::runtime::native::NativeHandler;
 use crate::runtime::{Runtime, RuntimeOptions};
 use crate::stats::Counters;
@@ -41,16 +42,31 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
         .chain(std::iter::once(config.limits.memory_bytes))
         .max()
         .unwrap_or(config.limits.memory_bytes);
+    // Each slot sized for the largest component configured; a file that
+    // cannot be read here is reported when it is loaded.
+    let per_instance = config
+        .plugins
+        .values()
+        .filter_map(|p| std::fs::read(&p.path).ok())
+        .filter_map(|bytes| Footprint::of(&bytes).ok())
+        .fold(Footprint::SMALL, Footprint::max);
     RuntimeOptions {
         max_instances: (config.worker.concurrency as u32 + 8).max(16),
         max_memory_bytes: max_memory,
+        per_instance,
     }
 }
 
 /// A runtime for compiling and checking components only.
 pub fn inspection_runtime() -> Result<Arc<Runtime>> {
+    inspection_runtime_for(Footprint::SMALL)
+}
+
+/// A runtime for compiling and checking components as large as `per_instance`.
+pub fn inspection_runtime_for(per_instance: Footprint) -> Result<Arc<Runtime>> {
     Ok(Arc::new(Runtime::new(RuntimeOptions {
-        max_instances: 8,
+        max_instances: 2,
+        per_instance,
         ..Default::default()
     })?))
 }

@@ -513,7 +513,8 @@ async fn plugin_rekey(name: &str, config: &ConfigArg) -> Result<ExitCode> {
 
 async fn plugin_check(file: &Path) -> Result<ExitCode> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let runtime = app::inspection_runtime()?;
+    let footprint = idem_host::runtime::footprint::Footprint::of(&bytes).unwrap_or(idem_host::runtime::footprint::Footprint::SMALL);
+    let runtime = app::inspection_runtime_for(footprint)?;
     let engine = runtime.engine().clone();
     let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| {
         anyhow::anyhow!(

@@ -53,6 +53,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "run by `cargo xtask test` before this suite (the plugins and target/release/idem)",
     ),
     ("cargo xtask plugins", "run by `cargo xtask test` before this suite"),
+    (
+        "componentize-py -d wit -w handler componentize",
+        "DIR and NAME stand for the reader's plugin; cargo xtask plugins runs it on guest-sdk/python/examples, and languages::a_python_handler_runs_at_concurrency_16_without_host_failures runs the result",
+    ),
     ("rustup target add wasm32-wasip2", "run by every cargo xtask command"),
     (
         "cargo install --locked --path host",

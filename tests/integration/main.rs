@@ -15,6 +15,7 @@ mod crash;
 mod docs;
 mod guarantees;
 mod hostile_keys;
+mod languages;
 mod operating;
 mod outage;
 mod pool;

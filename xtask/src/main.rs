@@ -10,6 +10,7 @@
 //! in `target/release/`, one build shared by the demo and the tests.
 
 mod chart;
+mod python;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -254,5 +255,7 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
         cmd.args(["-p", &p]);
     }
     run(&mut cmd)?;
-    Ok(root.join("target/plugins").join(WASM_TARGET).join("plugin"))
+    let out = root.join("target/plugins").join(WASM_TARGET).join("plugin");
+    python::build_python_plugins(root, &out)?;
+    Ok(out)
 }

@@ -7,6 +7,7 @@
 //! nothing. [`instance`] runs one message; [`native`] runs the benchmarks'
 //! handlers compiled into the host through the same capabilities.
 
+pub mod footprint;
 mod instance;
 pub mod native;
 mod world;
@@ -25,6 +26,7 @@ use crate::bindings::HandlerPre;
 use crate::capabilities::{Capabilities, Execution, Grants};
 use crate::config::Limits;
 use crate::plugin::{version_of, PluginInfo};
+use footprint::{Capacity, Footprint};
 pub use instance::HostState;
 pub use world::{component_imports, import_allowed};
 
@@ -48,8 +50,9 @@ impl Deref for Plugin {
 
 /// How a plugin's handler runs.
 enum Code {
-    /// A WebAssembly component, pre-linked: a fresh instance per message.
-    Wasm(HandlerPre<HostState>),
+    /// A WebAssembly component, pre-linked: a fresh instance per message,
+    /// which takes this much of the pool.
+    Wasm(HandlerPre<HostState>, Footprint),
     /// A handler compiled into the host: the native baseline of the
     /// benchmarks, with the same capabilities and no sandbox.
     Native(Arc<dyn native::NativeHandler>),
@@ -90,6 +93,9 @@ pub struct RuntimeOptions {
     pub max_instances: u32,
     /// The largest memory limit of any plugin.
     pub max_memory_bytes: u64,
+    /// What one instance of the largest plugin takes (core instances,
+    /// memories, tables): each slot of the pool is sized for it.
+    pub per_instance: Footprint,
 }
 
 impl Default for RuntimeOptions {
@@ -97,6 +103,7 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             max_instances: 256,
             max_memory_bytes: Limits::default().memory_bytes,
+            per_instance: Footprint::SMALL,
         }
     }
 }
@@ -106,22 +113,27 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<HostState>,
     plugins: RwLock<HashMap<String, Arc<Plugin>>>,
+    /// The pool's slots, reserved by each execution before it instantiates.
+    capacity: Capacity,
+    /// What one instance may take at most (the pool's per-component limits).
+    per_instance: Footprint,
 }
 
 impl Runtime {
     /// Build the engine (pooling allocator, epoch interruption, async) and
     /// the linker holding exactly the allowed world.
     pub fn new(options: RuntimeOptions) -> Result<Runtime> {
+        let per = options.per_instance.max(Footprint::SMALL);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(options.max_instances)
-            .total_core_instances(options.max_instances * 4)
-            .total_memories(options.max_instances * 2)
-            .total_tables(options.max_instances * 4)
+            .total_core_instances(options.max_instances * per.core_instances)
+            .total_memories(options.max_instances * per.memories)
+            .total_tables(options.max_instances * per.tables)
             .total_stacks(options.max_instances)
             .max_memory_size(options.max_memory_bytes.max(4 << 20) as usize)
-            .max_memories_per_component(4)
-            .max_tables_per_component(8)
-            .max_core_instances_per_component(64)
+            .max_memories_per_component(per.memories)
+            .max_tables_per_component(per.tables)
+            .max_core_instances_per_component(per.core_instances)
             // A fresh instance per message: what it touched must be reset
             // cheaply. Memory kept resident is reset with a memset instead of
             // madvise + page faults; 256 KiB covers a component built with a
@@ -157,6 +169,8 @@ impl Runtime {
             engine,
             linker,
             plugins: RwLock::new(HashMap::new()),
+            capacity: Capacity::new(options.max_instances, per),
+            per_instance: per,
         })
     }
 
@@ -192,6 +206,20 @@ impl Runtime {
         key_pointer: Option<String>,
     ) -> Result<Arc<Plugin>> {
         let version = version_of(bytes);
+        let footprint = Footprint::of(bytes).map_err(|e| {
+            anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `idem plugin build` or `cargo build --target wasm32-wasip2` against idem-sdk")
+        })?;
+        if !footprint.fits(self.per_instance) {
+            bail!(
+                "plugin {name}: one instance needs {} core instances, {} memories and {} tables, more than this process sized its instance pool for ({}, {}, {}); restart the pool so it sizes the pool for the new component",
+                footprint.core_instances,
+                footprint.memories,
+                footprint.tables,
+                self.per_instance.core_instances,
+                self.per_instance.memories,
+                self.per_instance.tables
+            );
+        }
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2` against idem-sdk")
         })?;
@@ -223,7 +251,7 @@ impl Runtime {
                 imports,
                 loaded_at: crate::now_ms(),
             }),
-            code: Code::Wasm(pre),
+            code: Code::Wasm(pre, footprint),
         }))
     }
 
@@ -293,7 +321,11 @@ impl Runtime {
     /// Run one message through a plugin in a fresh store.
     pub async fn execute(&self, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
         match &plugin.code {
-            Code::Wasm(pre) => instance::run(&self.engine, pre, caps, &plugin.info, exec).await,
+            Code::Wasm(pre, footprint) => {
+                // Wait for room in the pool rather than fail to instantiate.
+                let _slots = self.capacity.reserve(*footprint).await;
+                instance::run(&self.engine, pre, caps, &plugin.info, exec).await
+            }
             Code::Native(handler) => native::execute(handler.as_ref(), caps, &plugin.info, exec).await,
         }
     }

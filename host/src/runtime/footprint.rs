@@ -1,0 +1,166 @@
+//! What one instance of a component takes from the pooling allocator, and
+//! the capacity an execution reserves before it instantiates.
+//!
+//! A small Rust component is one or two core instances and one memory; a
+//! component with a language runtime inside (CPython, SpiderMonkey) holds
+//! dozens of core instances and several memories and tables. The pool is
+//! sized from the components the configuration loads ([`Footprint::of`]),
+//! and every execution reserves its component's footprint from
+//! [`Capacity`] first: when the pool is full an execution waits for room,
+//! it never fails for a host-side limit, so a message never spends an
+//! attempt (or is dead-lettered) because the host was busy.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmparser::{Instance, Parser, Payload};
+
+/// Pool slots one instance of a component takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// Core module instantiations.
+    pub core_instances: u32,
+    /// Linear memories defined by its modules.
+    pub memories: u32,
+    /// Tables defined by its modules.
+    pub tables: u32,
+}
+
+impl Footprint {
+    /// What a small Rust component needs, with room to spare: the least
+    /// the pool is sized for.
+    pub const SMALL: Footprint = Footprint {
+        core_instances: 4,
+        memories: 2,
+        tables: 4,
+    };
+
+    /// Count what a component binary instantiates: core instances made by
+    /// instantiating a module, and the memories and tables its modules
+    /// define (imported ones are shared, not allocated).
+    pub fn of(component: &[u8]) -> Result<Footprint> {
+        let mut fp = Footprint {
+            core_instances: 0,
+            memories: 0,
+            tables: 0,
+        };
+        for payload in Parser::new(0).parse_all(component) {
+            match payload.context("not a valid WebAssembly component")? {
+                Payload::InstanceSection(reader) => {
+                    for instance in reader {
+                        if let Instance::Instantiate { .. } = instance? {
+                            fp.core_instances += 1;
+                        }
+                    }
+                }
+                Payload::MemorySection(reader) => fp.memories += reader.count(),
+                Payload::TableSection(reader) => fp.tables += reader.count(),
+                _ => {}
+            }
+        }
+        // A core module on its own (not a component) is one instance.
+        fp.core_instances = fp.core_instances.max(1);
+        Ok(fp)
+    }
+
+    /// The larger of each count.
+    pub fn max(self, other: Footprint) -> Footprint {
+        Footprint {
+            core_instances: self.core_instances.max(other.core_instances),
+            memories: self.memories.max(other.memories),
+            tables: self.tables.max(other.tables),
+        }
+    }
+
+    /// Whether every count is within `limit`'s.
+    pub fn fits(self, limit: Footprint) -> bool {
+        self.core_instances <= limit.core_instances && self.memories <= limit.memories && self.tables <= limit.tables
+    }
+}
+
+/// The pool's slots, as semaphores: an execution holds its component's
+/// footprint while its instance lives.
+pub struct Capacity {
+    core_instances: Arc<Semaphore>,
+    memories: Arc<Semaphore>,
+    tables: Arc<Semaphore>,
+}
+
+/// Slots held by one execution; released when dropped.
+pub struct Reserved {
+    _held: [OwnedSemaphorePermit; 3],
+}
+
+impl Capacity {
+    /// A pool of `instances` instances of `per_instance` each.
+    pub fn new(instances: u32, per_instance: Footprint) -> Self {
+        let n = |per: u32| Arc::new(Semaphore::new((instances * per) as usize));
+        Capacity {
+            core_instances: n(per_instance.core_instances),
+            memories: n(per_instance.memories),
+            tables: n(per_instance.tables),
+        }
+    }
+
+    /// Wait until `fp` fits, then hold it.
+    pub async fn reserve(&self, fp: Footprint) -> Reserved {
+        let take = |s: &Arc<Semaphore>, n: u32| s.clone().acquire_many_owned(n);
+        // Always in the same order, so two executions never hold a part each.
+        let a = take(&self.core_instances, fp.core_instances).await.expect("never closed");
+        let b = take(&self.memories, fp.memories).await.expect("never closed");
+        let c = take(&self.tables, fp.tables).await.expect("never closed");
+        Reserved { _held: [a, b, c] }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_core_module_is_one_instance_with_its_memories_and_tables() {
+        // (module (table 1 funcref) (memory 1) (memory 1)) in binary.
+        let wasm = b"\0asm\x01\0\0\0\x04\x04\x01\x70\x00\x01\x05\x05\x02\x00\x01\x00\x01";
+        let fp = Footprint::of(wasm).unwrap();
+        assert_eq!(
+            fp,
+            Footprint {
+                core_instances: 1,
+                memories: 2,
+                tables: 1
+            }
+        );
+        assert!(fp.fits(Footprint::SMALL));
+        assert!(Footprint::of(b"not wasm").is_err());
+    }
+
+    #[tokio::test]
+    async fn an_execution_waits_for_room_instead_of_failing() {
+        let capacity = Capacity::new(
+            1,
+            Footprint {
+                core_instances: 10,
+                memories: 2,
+                tables: 2,
+            },
+        );
+        let big = Footprint {
+            core_instances: 8,
+            memories: 1,
+            tables: 1,
+        };
+        let capacity = Arc::new(capacity);
+        let first = capacity.reserve(big).await;
+        assert_eq!(capacity.core_instances.available_permits(), 2, "no room for a second");
+        let waiting = {
+            let capacity = capacity.clone();
+            tokio::spawn(async move { capacity.reserve(big).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "the second waits while the first lives");
+        drop(first);
+        let _second = waiting.await.unwrap();
+        assert_eq!(capacity.core_instances.available_permits(), 2);
+    }
+}
