@@ -54,6 +54,11 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
         max_instances: (config.worker.concurrency as u32 + 8).max(16),
         max_memory_bytes: max_memory,
         per_instance,
+        compile_cache: Some(config.worker.compile_cache_dir.clone().unwrap_or_else(|| {
+            let mut dir = config.database.path.clone().into_os_string();
+            dir.push("-compiled");
+            dir.into()
+        })),
     }
 }
 

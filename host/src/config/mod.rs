@@ -232,6 +232,9 @@ pub struct WorkerConfig {
     /// Watch the plugin files and reload a changed component while running.
     /// SIGHUP reloads whether or not this is on.
     pub watch_plugins: bool,
+    /// Where compiled components are kept across restarts and reloads;
+    /// unset: beside the embedded database file (`idem.db-compiled/`).
+    pub compile_cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for WorkerConfig {
@@ -247,6 +250,7 @@ impl Default for WorkerConfig {
             outage_policy: OutagePolicy::Reject,
             shutdown_grace_ms: 30_000,
             watch_plugins: true,
+            compile_cache_dir: None,
         }
     }
 }

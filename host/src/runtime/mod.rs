@@ -7,6 +7,7 @@
 //! nothing. [`instance`] runs one message; [`native`] runs the benchmarks'
 //! handlers compiled into the host through the same capabilities.
 
+pub mod cache;
 pub mod footprint;
 mod instance;
 pub mod native;
@@ -96,6 +97,9 @@ pub struct RuntimeOptions {
     /// What one instance of the largest plugin takes (core instances,
     /// memories, tables): each slot of the pool is sized for it.
     pub per_instance: Footprint,
+    /// Where compiled components are kept across restarts (none: compile
+    /// every time).
+    pub compile_cache: Option<std::path::PathBuf>,
 }
 
 impl Default for RuntimeOptions {
@@ -104,6 +108,7 @@ impl Default for RuntimeOptions {
             max_instances: 256,
             max_memory_bytes: Limits::default().memory_bytes,
             per_instance: Footprint::SMALL,
+            compile_cache: None,
         }
     }
 }
@@ -117,6 +122,8 @@ pub struct Runtime {
     capacity: Capacity,
     /// What one instance may take at most (the pool's per-component limits).
     per_instance: Footprint,
+    /// Compiled components on disk.
+    cache: Option<cache::CompileCache>,
 }
 
 impl Runtime {
@@ -171,6 +178,7 @@ impl Runtime {
             plugins: RwLock::new(HashMap::new()),
             capacity: Capacity::new(options.max_instances, per),
             per_instance: per,
+            cache: options.compile_cache.map(cache::CompileCache::new),
         })
     }
 
@@ -220,9 +228,19 @@ impl Runtime {
                 self.per_instance.tables
             );
         }
-        let component = Component::new(&self.engine, bytes).map_err(|e| {
+        let started = std::time::Instant::now();
+        let compiled = match &self.cache {
+            Some(cache) => cache
+                .component(&self.engine, bytes)
+                .map(|(c, source)| (c, source == cache::Source::Cached)),
+            None => Component::new(&self.engine, bytes)
+                .map(|c| (c, false))
+                .map_err(|e| anyhow!("{e:#}")),
+        };
+        let (component, cached) = compiled.map_err(|e| {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2` against idem-sdk")
         })?;
+        tracing::debug!(plugin = %name, cached, ms = started.elapsed().as_millis() as u64, "component ready");
         let imports = world::component_imports(&self.engine, &component);
         let refused: Vec<String> = imports.iter().filter(|i| !import_allowed(i)).map(|i| world::refusal(i)).collect();
         if !refused.is_empty() {

@@ -1,0 +1,117 @@
+//! Compiled components kept on disk, so a restart or a hot reload of a
+//! large component (an 18 MB Python one compiles in seconds) loads in
+//! milliseconds. Each entry is named by the SHA-256 of the component and a
+//! hash of the engine's settings and version, so a changed component, a
+//! changed setting or a new wasmtime never reads a stale entry. Entries are
+//! written whole (a temporary file renamed into place); one that cannot be
+//! read is compiled again and replaced.
+//!
+//! Reading an entry runs the machine code in it, so the directory must be
+//! writable only by the worker's user (it is created with mode 0700).
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+use wasmtime::Engine;
+
+/// Where compiled components are kept.
+#[derive(Debug, Clone)]
+pub struct CompileCache {
+    dir: PathBuf,
+}
+
+/// How a component was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Read from the cache.
+    Cached,
+    /// Compiled (and written to the cache).
+    Compiled,
+}
+
+impl CompileCache {
+    /// A cache in `dir` (created when first written).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        CompileCache { dir: dir.into() }
+    }
+
+    /// The entry for `bytes` on `engine`.
+    fn entry(&self, engine: &Engine, bytes: &[u8]) -> PathBuf {
+        let mut settings = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut settings);
+        let digest = hex::encode(Sha256::digest(bytes));
+        self.dir.join(format!("{digest}-{:016x}.cwasm", settings.finish()))
+    }
+
+    /// The component for `bytes`: from the cache if an entry is there and
+    /// loads, else compiled and stored.
+    pub fn component(&self, engine: &Engine, bytes: &[u8]) -> Result<(Component, Source)> {
+        let entry = self.entry(engine, bytes);
+        if entry.exists() {
+            // SAFETY: entries are written only by `store` below, from
+            // `Component::serialize` of this engine's settings (the name says
+            // which), into a directory only this user can write.
+            match unsafe { Component::deserialize_file(engine, &entry) } {
+                Ok(c) => return Ok((c, Source::Cached)),
+                Err(e) => {
+                    tracing::warn!(entry = %entry.display(), error = %format!("{e:#}"), "compiled component unreadable; compiling it again")
+                }
+            }
+        }
+        let component = Component::new(engine, bytes).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        if let Err(e) = self.store(&entry, &component) {
+            tracing::warn!(dir = %self.dir.display(), error = %format!("{e:#}"), "cannot keep the compiled component; the next start compiles it again");
+        }
+        Ok((component, Source::Compiled))
+    }
+
+    fn store(&self, entry: &Path, component: &Component) -> Result<()> {
+        create_private_dir(&self.dir)?;
+        let bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, entry).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
+        Ok(())
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the compile cache {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The binary of `(component)`: an empty component.
+    const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";
+
+    #[test]
+    fn a_component_is_compiled_once_and_then_read_back() {
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CompileCache::new(dir.path().join("compiled"));
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Compiled);
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Cached);
+        // A damaged entry is compiled again and replaced.
+        let entry = cache.entry(&engine, EMPTY_COMPONENT);
+        std::fs::write(&entry, b"garbage").unwrap();
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Compiled);
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Cached);
+        // Another engine setting reads another entry.
+        let mut other = wasmtime::Config::new();
+        other.wasm_component_model(true).epoch_interruption(true);
+        let other = Engine::new(&other).unwrap();
+        assert_eq!(cache.component(&other, EMPTY_COMPONENT).unwrap().1, Source::Compiled);
+    }
+}
