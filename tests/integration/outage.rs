@@ -34,16 +34,10 @@ fn base_config(dir: &Path, mock: &Mock) -> idem_host::config::Config {
     config
 }
 
-/// G8 with `reject`: the claim store's Redis is SIGKILLed mid-run and
-/// restarted; the broker (the machine's Redis) keeps delivering. Workers
-/// leave deliveries unacked while claims are unreachable, count the
-/// decisions, and finish every message once the store is back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
-    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
-    let mut config = base_config(dir.path(), &mock);
+/// The broker on the machine's Redis, claims on a Redis of the test's own
+/// (to kill), data in Postgres.
+fn own_claims_config(dir: &Path, mock: &Mock, own: &OwnRedis) -> idem_host::config::Config {
+    let mut config = base_config(dir, mock);
     config.broker.kind = BrokerKind::Redis;
     config.broker.url = Some(services::redis());
     config.claims = StoreConfig {
@@ -56,6 +50,19 @@ async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
         url: Some(services::postgres()),
         max_connections: 8,
     };
+    config
+}
+
+/// G8 with `reject`: the claim store's Redis is SIGKILLed mid-run and
+/// restarted; the broker (the machine's Redis) keeps delivering. Workers
+/// leave deliveries unacked while claims are unreachable, count the
+/// decisions, and finish every message once the store is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
+    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
+    let config = own_claims_config(dir.path(), &mock, &own);
 
     let pool = Pool::start(&config).await.unwrap();
     mock.watch_journal(pool.backends.claims.clone());
@@ -163,20 +170,8 @@ async fn claim_store_outage_with_run_unguarded_runs_only_endpoint_free_plugins()
     let dir = tempfile::tempdir().unwrap();
     let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
     let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
-    let mut config = base_config(dir.path(), &mock);
+    let mut config = own_claims_config(dir.path(), &mock, &own);
     config.worker.outage_policy = OutagePolicy::RunUnguarded;
-    config.broker.kind = BrokerKind::Redis;
-    config.broker.url = Some(services::redis());
-    config.claims = StoreConfig {
-        kind: StoreKind::Redis,
-        url: Some(own.url()),
-        max_connections: 8,
-    };
-    config.data = StoreConfig {
-        kind: StoreKind::Postgres,
-        url: Some(services::postgres()),
-        max_connections: 8,
-    };
     let pool = Pool::start(&config).await.unwrap();
     mock.watch_journal(pool.backends.claims.clone());
     own.kill();
