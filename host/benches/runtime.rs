@@ -6,7 +6,8 @@
 //! * the same with a 1 KiB and a 64 KiB payload (the copy into the guest);
 //! * one store operation through the host interface (`store.get` on an
 //!   in-memory store, so the figure is the host-call overhead, not a
-//!   database's).
+//!   database's);
+//! * instantiate + call of the no-op in Python and in JavaScript.
 //!
 //! Needs the plugins built: `cargo xtask plugins`, then
 //! `cargo bench -p idem-host --bench runtime`.
@@ -23,6 +24,7 @@ use idem_host::capabilities::{effects::Endpoints, Capabilities, Grants};
 use idem_host::claim::ClaimRef;
 use idem_host::config::Limits;
 use idem_host::envelope::Envelope;
+use idem_host::runtime::footprint::Footprint;
 use idem_host::runtime::native::Noop;
 use idem_host::runtime::{Outcome, Runtime, RuntimeOptions};
 use idem_host::stats::Counters;
@@ -140,6 +142,39 @@ fn runtime_benches(c: &mut Criterion) {
             assert_eq!(out, Outcome::Done);
         })
     });
+    group.finish();
+    drop((runtime, wasm, native));
+
+    // The no-op in Python and JavaScript: a pool sized for their footprint,
+    // the compiled component loaded once, a fresh instance per call.
+    let guests: Vec<(&str, PathBuf)> = [("noop_python", "noop_py.wasm"), ("noop_javascript", "noop_js.wasm")]
+        .into_iter()
+        .map(|(name, file)| (name, plugin_dir().join(file)))
+        .collect();
+    let per_instance = guests
+        .iter()
+        .map(|(_, path)| Footprint::of(&std::fs::read(path).expect("guest noop: run `cargo xtask plugins` first")).unwrap())
+        .fold(Footprint::SMALL, Footprint::max);
+    let runtime = Arc::new(
+        Runtime::new(RuntimeOptions {
+            max_instances: 16,
+            per_instance,
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let mut group = c.benchmark_group("instantiate_and_call");
+    for (name, path) in &guests {
+        let plugin = rt
+            .block_on(runtime.load_file(name, path, Grants::new(["bench"], Vec::<&str>::new()), Limits::default(), None))
+            .unwrap();
+        group.bench_function(*name, |b| {
+            b.to_async(&rt).iter(|| async {
+                let out = runtime.execute(&caps, &plugin, execution(Vec::new(), Vec::new())).await;
+                assert_eq!(out, Outcome::Done);
+            })
+        });
+    }
     group.finish();
 }
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use idem_host::capabilities::Grants;
 use idem_host::config::Config;
 use idem_host::envelope::Envelope;
 use idem_host::reload::Reloader;
+use idem_host::tools::sdk::{self, Lang};
 use idem_host::tools::{bench, chaos, demo, kit, verify};
 use idem_host::{app, observe};
 use tokio::signal::unix::{signal, SignalKind};
@@ -138,6 +138,34 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
 
 #[derive(Subcommand)]
 enum PluginCommand {
+    /// Create a plugin project in a new directory: a handler that builds, the
+    /// SDK, a configuration for the embedded backend and sample messages.
+    New {
+        /// The directory to create; its name is the plugin's name.
+        dir: PathBuf,
+        /// The handler's language.
+        #[arg(long, value_enum, default_value_t = Lang::Rust)]
+        lang: Lang,
+    },
+    /// Build a plugin project into a component (Rust: cargo with a 128 KiB
+    /// stack; Python: componentize-py with WASI stubbed; JavaScript:
+    /// componentize-js with every WASI feature off), then check it.
+    Build {
+        /// The project directory (Cargo.toml, app.py or app.js).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// The language, when the directory does not say.
+        #[arg(long, value_enum)]
+        lang: Option<Lang>,
+        /// Where the component goes (default DIR/build/NAME.wasm).
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+        /// Where pinned toolchains (componentize-py, componentize-js) are
+        /// installed on first use (default $IDEM_TOOLS_DIR, else
+        /// ~/.cache/idem/tools).
+        #[arg(long)]
+        tools_dir: Option<PathBuf>,
+    },
     /// Compile a component and list its imports; refuse disallowed ones.
     Check {
         /// The component file.
@@ -268,7 +296,20 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             publish(p).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin(PluginCommand::Check { file }) => plugin_check(&file).await,
+        Command::Plugin(PluginCommand::Check { file }) => plugin_check(&file),
+        Command::Plugin(PluginCommand::New { dir, lang }) => {
+            sdk::new_plugin(&dir, lang)?;
+            println!(
+                "created {} ({lang}); build it with `idem plugin build {}`",
+                dir.display(),
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin(PluginCommand::Build { dir, lang, out, tools_dir }) => {
+            let out = sdk::build(&sdk::BuildOptions { dir, lang, out, tools_dir })?;
+            plugin_check(&out)
+        }
         Command::Plugin(PluginCommand::List { config, url, json }) => plugin_list(&config, url, json).await,
         Command::Plugin(PluginCommand::Rekey { name, config }) => plugin_rekey(&name, &config).await,
         Command::Stats { config, json } => {
@@ -511,35 +552,7 @@ async fn plugin_rekey(name: &str, config: &ConfigArg) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn plugin_check(file: &Path) -> Result<ExitCode> {
-    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let footprint = idem_host::runtime::footprint::Footprint::of(&bytes).unwrap_or(idem_host::runtime::footprint::Footprint::SMALL);
-    let runtime = app::inspection_runtime_for(footprint)?;
-    let engine = runtime.engine().clone();
-    let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{} is not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2`",
-            file.display()
-        )
-    })?;
-    let imports = idem_host::runtime::component_imports(&engine, &component);
-    println!("{}: {} bytes", file.display(), bytes.len());
-    println!("imports:");
-    let mut refused = 0;
-    for i in &imports {
-        let ok = idem_host::runtime::import_allowed(i);
-        refused += usize::from(!ok);
-        println!("  {} {i}", if ok { "ok     " } else { "REFUSED" });
-    }
-    let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").replace('_', "-");
-    match runtime.compile_blocking(&name, &bytes, Grants::default(), Default::default(), None) {
-        Ok(p) => {
-            println!("version {}: loads and exports `handle`", p.version);
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => {
-            println!("refused ({refused} disallowed import(s)): {e:#}");
-            Ok(ExitCode::FAILURE)
-        }
-    }
+fn plugin_check(file: &Path) -> Result<ExitCode> {
+    let report = sdk::check(file)?;
+    Ok(if report.print(file) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

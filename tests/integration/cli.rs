@@ -151,19 +151,44 @@ fn processes_creating_the_database_at_once_all_succeed() {
 /// The demo, as `cargo xtask demo -- --json` runs it, at a smaller size.
 #[test]
 fn demo_json_reports_no_double_effect_and_nothing_lost() {
+    demo_checks("rust");
+}
+
+/// The demo with every example plugin in Python: the same checks.
+#[test]
+fn demo_in_python_reports_no_double_effect_and_nothing_lost() {
+    demo_checks("python");
+}
+
+/// The demo with every example plugin in JavaScript: the same checks.
+#[test]
+fn demo_in_javascript_reports_no_double_effect_and_nothing_lost() {
+    demo_checks("js");
+}
+
+fn demo_checks(lang: &str) {
     let dir = plugin_dir();
-    let (ok, out, err) = idem(&["demo", "--messages", "300", "--json", "--plugins", dir.to_str().unwrap()]);
-    assert!(ok, "{out}{err}");
+    let (ok, out, err) = idem(&[
+        "demo",
+        "--messages",
+        "300",
+        "--json",
+        "--lang",
+        lang,
+        "--plugins",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{lang}: {out}{err}");
     let last = out.lines().last().expect("output");
     let r: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
     assert_eq!(r["messages"], 300);
-    assert_eq!(r["double_effects"], 0, "{r}");
-    assert_eq!(r["calls_after_journal"], 0, "{r}");
-    assert_eq!(r["lost"], 0, "{r}");
-    assert_eq!(r["missing_effects"], 0, "{r}");
-    assert_eq!(r["effects"], r["expected_effects"], "{r}");
-    assert_eq!(r["effects"], 299, "{r}");
-    assert_eq!(r["dead_lettered"], 1, "the poison message: {r}");
+    assert_eq!(r["double_effects"], 0, "{lang}: {r}");
+    assert_eq!(r["calls_after_journal"], 0, "{lang}: {r}");
+    assert_eq!(r["lost"], 0, "{lang}: {r}");
+    assert_eq!(r["missing_effects"], 0, "{lang}: {r}");
+    assert_eq!(r["effects"], r["expected_effects"], "{lang}: {r}");
+    assert_eq!(r["effects"], 299, "{lang}: {r}");
+    assert_eq!(r["dead_lettered"], 1, "{lang}: the poison message: {r}");
     for field in [
         "duplicates_suppressed",
         "busy_redeliveries",
@@ -171,9 +196,9 @@ fn demo_json_reports_no_double_effect_and_nothing_lost() {
         "crashes",
         "journal_replays",
     ] {
-        assert!(r[field].as_u64().unwrap() > 0, "{field} happened: {r}");
+        assert!(r[field].as_u64().unwrap() > 0, "{lang}: {field} happened: {r}");
     }
-    assert!(out.contains("OK: every message settled once"), "{out}");
+    assert!(out.contains("OK: every message settled once"), "{lang}: {out}");
 }
 
 /// `idem bench` at a tiny size (throughput numbers are for
@@ -218,7 +243,7 @@ fn bench_reports_both_handlers_side_by_side() {
         (ratio - wasm["rate"].as_f64().unwrap() / native["rate"].as_f64().unwrap()).abs() < 1e-9,
         "{r}"
     );
-    assert!(out.contains("wasm / native"), "the table is printed: {out}");
+    assert!(out.contains("component / native"), "the table is printed: {out}");
 }
 
 /// `idem run` against servers that are not there, or that refuse the

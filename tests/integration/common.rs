@@ -65,6 +65,7 @@ impl Env {
             busy_retry_ms: 100,
             poll_idle_ms: 10,
             outage_policy: OutagePolicy::Reject,
+            compile_cache_dir: Some(plugin_dir().join(".compiled")),
             ..WorkerConfig::default()
         };
         config.retry = RetryConfig {

@@ -53,10 +53,6 @@ const NOT_RUN: &[(&str, &str)] = &[
         "run by `cargo xtask test` before this suite (the plugins and target/release/idem)",
     ),
     ("cargo xtask plugins", "run by `cargo xtask test` before this suite"),
-    (
-        "componentize-py -d wit -w handler componentize",
-        "DIR and NAME stand for the reader's plugin; cargo xtask plugins runs it on guest-sdk/python/examples, and languages::a_python_handler_runs_at_concurrency_16_without_host_failures runs the result",
-    ),
     ("rustup target add wasm32-wasip2", "run by every cargo xtask command"),
     (
         "cargo install --locked --path host",
@@ -185,6 +181,10 @@ impl Session {
             .arg(command)
             .current_dir(self.dir.path())
             .env("PATH", &self.path)
+            // Plugin toolchains and builds stay under this repository's
+            // target/, shared with the other tests.
+            .env("IDEM_TOOLS_DIR", repo().join("target/tools"))
+            .env("CARGO_TARGET_DIR", repo().join("target/newcomer"))
             .env_remove("IDEM_CONFIG")
             .stdin(Stdio::null());
         c

@@ -10,7 +10,7 @@
 //! in `target/release/`, one build shared by the demo and the tests.
 
 mod chart;
-mod python;
+mod guests;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,7 +37,7 @@ fn try_main() -> Result<()> {
     std::env::set_current_dir(&root)?;
     match task {
         "demo" => {
-            let plugins = build_all(&root)?;
+            let plugins = build_plugins(&root)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("demo").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
@@ -57,11 +57,15 @@ fn try_main() -> Result<()> {
             // tests just built. Fixed seeds keep CI reproducible; run
             // `cargo xtask chaos -- --config FILE` for new seeds.
             if rest.is_empty() {
-                for (config, seed) in [
-                    ("embedded", 101),
-                    ("redis-postgres", 102),
-                    ("rabbitmq-postgres", 103),
-                    ("nats-postgres", 104),
+                // Then the Python and JavaScript ports on two of the
+                // production deployments.
+                for (config, seed, lang) in [
+                    ("embedded", 101, "rust"),
+                    ("redis-postgres", 102, "rust"),
+                    ("rabbitmq-postgres", 103, "rust"),
+                    ("nats-postgres", 104, "rust"),
+                    ("redis-postgres", 105, "python"),
+                    ("rabbitmq-postgres", 106, "js"),
                 ] {
                     let mut chaos = Command::new(root.join("target/release/idem"));
                     chaos
@@ -73,6 +77,8 @@ fn try_main() -> Result<()> {
                             "300",
                             "--seed",
                             &seed.to_string(),
+                            "--lang",
+                            lang,
                             "--config",
                         ])
                         .arg(root.join("examples").join(format!("{config}.toml")))
@@ -85,7 +91,7 @@ fn try_main() -> Result<()> {
         }
         "chaos" => {
             run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
-            let plugins = build_all(&root)?;
+            let plugins = build_plugins(&root)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
@@ -96,7 +102,7 @@ fn try_main() -> Result<()> {
             _ => bail!("usage: cargo xtask chart INPUT.json OUTPUT.png"),
         },
         "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
-        "build" => build_all(&root).map(|dir| println!("{}", dir.display())),
+        "build" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
         "lint" => {
             cargo(&["fmt", "--all", "--check"])?;
             cargo(&[
@@ -225,20 +231,10 @@ fn plugin_excludes(root: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Build the plugins and the release host; return the plugin directory.
-/// The same package set as `test`, so both share one build of the
-/// dependencies (features are unified per package set).
-fn build_all(root: &Path) -> Result<PathBuf> {
-    let plugins = build_plugins(root)?;
-    let mut build = Command::new("cargo");
-    build
-        .args(["build", "--release", "--workspace", "--exclude", "xtask"])
-        .args(plugin_excludes(root)?);
-    run(&mut build)?;
-    Ok(plugins)
-}
-
-/// Build every plugin as a component; return the directory holding them.
+/// Build every plugin as a component, and the release host that builds the
+/// Python and JavaScript ones; return the directory holding the plugins.
+/// The host is built with the same package set as `test`, so both share one
+/// build of the dependencies (features are unified per package set).
 fn build_plugins(root: &Path) -> Result<PathBuf> {
     ensure_wasm_target()?;
     let mut cmd = Command::new("cargo");
@@ -256,6 +252,11 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
     }
     run(&mut cmd)?;
     let out = root.join("target/plugins").join(WASM_TARGET).join("plugin");
-    python::build_python_plugins(root, &out)?;
+    let mut build = Command::new("cargo");
+    build
+        .args(["build", "--release", "--workspace", "--exclude", "xtask"])
+        .args(plugin_excludes(root)?);
+    run(&mut build)?;
+    guests::build_guest_plugins(root, &root.join("target/release/idem"), &out)?;
     Ok(out)
 }

@@ -71,9 +71,12 @@ impl CompileCache {
     fn store(&self, entry: &Path, component: &Component) -> Result<()> {
         create_private_dir(&self.dir)?;
         let bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, entry).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
+        // A temporary file of its own (several pools, in one process or
+        // many, may store the same entry at once), renamed into place.
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).with_context(|| format!("cannot write into {}", self.dir.display()))?;
+        std::io::Write::write_all(&mut tmp, &bytes).with_context(|| format!("cannot write {}", tmp.path().display()))?;
+        tmp.persist(entry)
+            .map_err(|e| anyhow::anyhow!("cannot rename {} into place: {}", e.file.path().display(), e.error))?;
         Ok(())
     }
 }

@@ -173,6 +173,17 @@ pub(super) async fn run(
         tracing::warn!(plugin = %plugin.name, key = %state.caps.execution().key, dropped = state.caps.log_dropped(), "log lines over the limit were dropped");
     }
     match result {
+        // An interpreter (Python's MemoryError, a JavaScript engine's
+        // out-of-memory) can survive a refused memory grow and report it as
+        // an error of its own: it is still the memory limit, and counts as a
+        // trap, as it does for a Rust guest that aborts.
+        Ok(Err(HandlerError::Transient(m) | HandlerError::Permanent(m))) if state.limiter.hit => Outcome::Trapped(truncate_utf8(
+            format!(
+                "memory limit: the instance tried to grow past limits.memory_bytes = {}; the handler then failed with: {m}",
+                state.caps.plugin().limits.memory_bytes
+            ),
+            MAX_ERROR_BYTES,
+        )),
         Ok(Ok(())) => Outcome::Done,
         Ok(Err(HandlerError::Transient(m))) => Outcome::Transient(truncate_utf8(m, MAX_ERROR_BYTES)),
         Ok(Err(HandlerError::Permanent(m))) => Outcome::Permanent(truncate_utf8(m, MAX_ERROR_BYTES)),

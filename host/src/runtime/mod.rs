@@ -155,6 +155,12 @@ impl Runtime {
         config
             .wasm_component_model(true)
             .epoch_interruption(true)
+            // A pre-initialised heap (a Python or JavaScript component is an
+            // interpreter whose heap was snapshotted at build time: megabytes
+            // of data segments) is mapped copy-on-write from the compiled
+            // image, not copied into each instance: an instance pays only
+            // for the pages it writes.
+            .memory_init_cow(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|e| anyhow!("cannot create the WebAssembly engine: {e:#}"))?;
         let weak = engine.weak();

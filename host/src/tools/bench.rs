@@ -7,7 +7,8 @@
 //! percentiles (latency measured on a full queue would only measure the
 //! queue). Runs alternate the component and its native twin (the same logic
 //! compiled into the host, behind the same pipeline), so their ratio is
-//! measured side by side.
+//! measured side by side. With `--lang python,js` the Python and JavaScript
+//! ports of the plugin run in the same rotation.
 //!
 //! | scenario | broker | claims | data | handler |
 //! |---|---|---|---|---|
@@ -31,6 +32,7 @@ use crate::config::{BrokerKind, Config, PluginConfig, StoreKind};
 use crate::envelope::Envelope;
 use crate::hooks::{Hooks, OnDone};
 use crate::runtime::native::{GrantCredits, NativeHandler, Noop};
+use crate::tools::sdk::Lang;
 use crate::worker::percentile;
 use crate::worker::WorkerOptions;
 
@@ -83,6 +85,11 @@ pub struct BenchArgs {
     /// Component, native twin, or both.
     #[arg(long, value_enum, default_value_t = HandlerChoice::Both)]
     pub handler: HandlerChoice,
+    /// Languages of the components (comma-separated): rust, python, js.
+    /// Each language's port of the plugin runs beside the others and the
+    /// native twin; reported as `wasm` (Rust), `python` and `js`.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "rust")]
+    pub lang: Vec<Lang>,
     /// Messages in the paced latency phase (0 to skip it).
     #[arg(long, default_value_t = 1_000)]
     pub latency_messages: usize,
@@ -148,7 +155,7 @@ pub struct Summary {
     pub cpu_s_per_1k: f64,
     /// Largest peak RSS (MiB).
     pub peak_rss_mib: f64,
-    /// For `wasm`: median rate over the native twin's median rate.
+    /// For a component: median rate over the native twin's median rate.
     pub wasm_over_native: Option<f64>,
 }
 
@@ -177,18 +184,26 @@ pub async fn main(args: BenchArgs) -> Result<ExitCode> {
 
 /// Run every scenario `runs` times, alternating handlers.
 pub async fn run(args: &BenchArgs) -> Result<BenchReport> {
-    let handlers: &[&'static str] = match args.handler {
-        HandlerChoice::Wasm => &["wasm"],
-        HandlerChoice::Native => &["native"],
-        HandlerChoice::Both => &["wasm", "native"],
-    };
+    let mut handlers: Vec<&'static str> = Vec::new();
+    if args.handler != HandlerChoice::Native {
+        let mut langs = args.lang.clone();
+        langs.dedup();
+        handlers.extend(langs.into_iter().map(|l| match l {
+            Lang::Rust => "wasm",
+            Lang::Python => "python",
+            Lang::Js => "js",
+        }));
+    }
+    if args.handler != HandlerChoice::Wasm {
+        handlers.push("native");
+    }
     let mut scenarios = args.scenario.clone();
     scenarios.sort();
     scenarios.dedup();
     let mut runs = Vec::new();
     for i in 0..args.runs {
         for &scenario in &scenarios {
-            for &handler in handlers {
+            for &handler in &handlers {
                 let figures = one_run(args, scenario, handler)
                     .await
                     .with_context(|| format!("scenario {scenario:?} ({handler}), run {}", i + 1))?;
@@ -237,7 +252,7 @@ fn summarize(runs: &[RunFigures]) -> Vec<Summary> {
         })
         .collect();
     let natives: BTreeMap<Scenario, f64> = out.iter().filter(|s| s.handler == "native").map(|s| (s.scenario, s.rate)).collect();
-    for s in out.iter_mut().filter(|s| s.handler == "wasm") {
+    for s in out.iter_mut().filter(|s| s.handler != "native") {
         s.wasm_over_native = natives.get(&s.scenario).map(|n| s.rate / n);
     }
     out
@@ -254,7 +269,7 @@ fn print_table(report: &BenchReport) {
         "p99 ms",
         "CPU s / 1k msgs",
         "peak RSS MiB",
-        "wasm / native",
+        "component / native",
     ]);
     for s in &report.summary {
         table.add_row(vec![
@@ -273,7 +288,7 @@ fn print_table(report: &BenchReport) {
 }
 
 /// The deployment of a scenario, in a fresh namespace.
-fn scenario_config(args: &BenchArgs, scenario: Scenario, dir: &std::path::Path) -> Config {
+fn scenario_config(args: &BenchArgs, scenario: Scenario, handler: &str, dir: &std::path::Path) -> Config {
     let mut c = Config {
         namespace: format!("idem_bench_{}", uuid::Uuid::new_v4().simple().to_string().get(..10).unwrap_or("x")),
         ..Config::default()
@@ -304,11 +319,16 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, dir: &std::path::Path) 
             c.data.url = pg;
         }
     }
-    let (name, file, collections) = plugin_of(scenario);
+    let (name, stem, collections) = plugin_of(scenario);
+    let suffix = match handler {
+        "python" => "_py",
+        "js" => "_js",
+        _ => "",
+    };
     c.plugins.insert(
         name.to_string(),
         PluginConfig {
-            path: args.plugins.join(file),
+            path: args.plugins.join(format!("{stem}{suffix}.wasm")),
             collections: collections.iter().map(|s| s.to_string()).collect(),
             endpoints: Vec::new(),
             key_pointer: None,
@@ -326,8 +346,8 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, dir: &std::path::Path) 
 
 fn plugin_of(scenario: Scenario) -> (&'static str, &'static str, &'static [&'static str]) {
     match scenario {
-        Scenario::A => ("noop", "noop.wasm", &[]),
-        _ => ("grant-credits", "grant_credits.wasm", &["credits"]),
+        Scenario::A => ("noop", "noop", &[]),
+        _ => ("grant-credits", "grant_credits", &["credits"]),
     }
 }
 
@@ -351,7 +371,7 @@ fn now_us() -> i64 {
 
 async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) -> Result<RunFigures> {
     let dir = tempfile::tempdir()?;
-    let config = scenario_config(args, scenario, dir.path());
+    let config = scenario_config(args, scenario, handler, dir.path());
     let (plugin, _, _) = plugin_of(scenario);
     let result = measure(args, &config, scenario, plugin, handler).await;
     crate::tools::chaos::cleanup(&config).await;

@@ -7,4 +7,5 @@ pub mod bench;
 pub mod chaos;
 pub mod demo;
 pub mod kit;
+pub mod sdk;
 pub mod verify;

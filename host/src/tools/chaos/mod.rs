@@ -25,8 +25,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::config::{BrokerKind, Config, StoreKind};
-use crate::tools::demo::{demo_config, verify, Schedule};
+use crate::tools::demo::{demo_config, use_lang, verify, Schedule};
 use crate::tools::kit::{Mock, OwnNats, OwnRedis};
+use crate::tools::sdk::Lang;
 use partitions::Partitions;
 use workers::Workers;
 
@@ -57,6 +58,9 @@ pub struct ChaosArgs {
     /// Give up if the queue has not drained after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout_secs: u64,
+    /// The language of the demo's plugins (see `idem demo --lang`).
+    #[arg(long, value_enum, default_value_t = Lang::Rust)]
+    pub lang: Lang,
 }
 
 /// What a chaos run did and found.
@@ -66,6 +70,8 @@ pub struct ChaosReport {
     pub seed: u64,
     /// The configuration file.
     pub config: String,
+    /// The language of the plugins.
+    pub lang: String,
     /// Distinct messages.
     pub messages: u64,
     /// Publishes, duplicates included.
@@ -144,7 +150,8 @@ fn chaos_config(
             args.plugins.display()
         )
     })?;
-    let demo = demo_config(dir.join("idem.db"), &plugins, mock, 8);
+    let mut demo = demo_config(dir.join("idem.db"), &plugins, mock, 8);
+    use_lang(&mut demo, args.lang);
     config.namespace = format!("chaos_{}_{}", seed % 1_000_000, &uuid::Uuid::new_v4().simple().to_string()[..6]);
     config.database.path = dir.join("idem.db");
     config.endpoints = demo.endpoints;
@@ -176,6 +183,7 @@ fn chaos_config(
     config.worker.visibility_ms = 1_200;
     config.worker.busy_retry_ms = 250;
     config.worker.poll_idle_ms = 20;
+    config.worker.compile_cache_dir = demo.worker.compile_cache_dir.clone();
     config.retry.base_delay_ms = 50;
     config.retry.max_delay_ms = 1_000;
     config.retry.max_attempts = 8;
@@ -187,7 +195,7 @@ fn chaos_config(
 pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     let started = Instant::now();
     let seed = args.seed.unwrap_or_else(rand::random);
-    eprintln!("idem chaos: seed {seed} (replay with --seed {seed})");
+    eprintln!("idem chaos: seed {seed} (replay with --seed {seed}), {} plugins", args.lang);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
     let dir = tempfile::tempdir()?;
     let mock = Mock::start(Duration::from_millis(1_500)).await?;
@@ -220,6 +228,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     let mut report = ChaosReport {
         seed,
         config: args.config.display().to_string(),
+        lang: args.lang.to_string(),
         messages: schedule.messages(),
         duplicates: schedule.duplicates(),
         workers: args.workers as u64,

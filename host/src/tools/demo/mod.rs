@@ -24,6 +24,7 @@ use crate::claim::ClaimState;
 use crate::config::{Config, EndpointConfig, OutagePolicy, PluginConfig, RetryConfig, WorkerConfig};
 use crate::hooks::{CrashInjector, Hooks};
 use crate::tools::kit::Mock;
+use crate::tools::sdk::Lang;
 use crate::worker::WorkerOptions;
 use schedule::Kind;
 pub use schedule::Schedule;
@@ -54,6 +55,11 @@ pub struct DemoArgs {
     /// Give up if the queue has not drained after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,
+    /// The language of the example plugins to run: the Rust ones
+    /// (plugins/), or their ports under guest-sdk/python/examples or
+    /// guest-sdk/js/examples.
+    #[arg(long, value_enum, default_value_t = Lang::Rust)]
+    pub lang: Lang,
 }
 
 /// What the demo measured.
@@ -139,6 +145,10 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
         busy_retry_ms: 200,
         poll_idle_ms: 20,
         outage_policy: OutagePolicy::Reject,
+        // Compiled once beside the components, for every demo, chaos run
+        // and test that loads them (an 18 MB Python component compiles in
+        // seconds and loads from the cache in milliseconds).
+        compile_cache_dir: Some(plugins.join(".compiled")),
         ..WorkerConfig::default()
     };
     config.retry = RetryConfig {
@@ -178,18 +188,26 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
     config
 }
 
+/// Run the demo's plugins in `lang`: each Rust component `NAME.wasm` is
+/// replaced by its port, `NAME_py.wasm` or `NAME_js.wasm`, from the same
+/// directory.
+pub fn use_lang(config: &mut Config, lang: Lang) {
+    let suffix = match lang {
+        Lang::Rust => return,
+        Lang::Python => "_py",
+        Lang::Js => "_js",
+    };
+    for name in ["record-payment", "grant-credits", "fulfil-order", "poison"] {
+        if let Some(plugin) = config.plugins.get_mut(name) {
+            let stem = name.replace('-', "_");
+            plugin.path.set_file_name(format!("{stem}{suffix}.wasm"));
+        }
+    }
+}
+
 /// Run the demo and return its report (no printing).
 pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> Result<DemoReport> {
     let started = Instant::now();
-    for file in ["record_payment.wasm", "grant_credits.wasm", "fulfil_order.wasm", "poison.wasm"] {
-        let path = args.plugins.join(file);
-        if !path.exists() {
-            bail!(
-                "plugin {} not found: build the plugins with `cargo xtask demo` (or pass --plugins DIR)",
-                path.display()
-            );
-        }
-    }
     let tmp = tempfile::tempdir().context("cannot create a temporary directory for the demo database")?;
     let db = args.db.clone().unwrap_or_else(|| tmp.path().join("demo.db"));
     if db.exists() {
@@ -199,7 +217,17 @@ pub async fn run(args: &DemoArgs, progress: Option<&indicatif::ProgressBar>) -> 
         );
     }
     let mock = Mock::start(Duration::from_millis(700)).await?;
-    let config = demo_config(db, &args.plugins, &mock, args.concurrency);
+    let mut config = demo_config(db, &args.plugins, &mock, args.concurrency);
+    use_lang(&mut config, args.lang);
+    for plugin in config.plugins.values() {
+        let path = &plugin.path;
+        if !path.exists() {
+            bail!(
+                "plugin {} not found: build the plugins with `cargo xtask demo` (or pass --plugins DIR)",
+                path.display()
+            );
+        }
+    }
 
     let schedule = Schedule::new(args.messages, args.seed, &mock);
     let crash_keys = Arc::new(schedule.crash_keys.clone());
