@@ -161,6 +161,11 @@ impl Runtime {
             // image, not copied into each instance: an instance pays only
             // for the pages it writes.
             .memory_init_cow(true)
+            // wasmtime makes such an image only for a dense enough heap unless
+            // it is under this size; an interpreter's snapshot is sparse and
+            // can pass 16 MiB, and without an image every instance would copy
+            // it. No image can be larger than the memory limit.
+            .memory_guaranteed_dense_image_size(options.max_memory_bytes.max(16 << 20))
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|e| anyhow!("cannot create the WebAssembly engine: {e:#}"))?;
         let weak = engine.weak();
