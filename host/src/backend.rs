@@ -40,32 +40,55 @@ pub async fn open_sqlite(config: &Config) -> Result<SqlitePool> {
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(sqlite_synchronous(config.broker.kind))
         .busy_timeout(Duration::from_secs(5));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(config.database.max_connections.max(1))
-        .connect_with(options)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot open the SQLite database {} (database.path): check that its directory exists and is writable",
-                path.display()
-            )
-        })?;
     // Processes that open a new database at once (a pool starting while
-    // `idem publish` runs) would each try to create the tables: serialise
-    // the migrations on an exclusive lock of a file beside the database.
-    // (Not the database file itself: closing another descriptor of it would
-    // drop SQLite's own locks.)
+    // `idem publish` runs) would each create the file, switch it to WAL and
+    // create the tables; SQLite answers some of those steps with "database
+    // is locked" at once instead of waiting. Serialise opening and migrating
+    // on an exclusive lock of a file beside the database. (Not the database
+    // file itself: closing another descriptor of it would drop SQLite's own
+    // locks.)
     let lock_path = migration_lock_path(path);
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .with_context(|| format!("cannot create the migration lock file {}", lock_path.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot create {} beside the SQLite database (database.path): check that its directory exists and is writable",
+                lock_path.display()
+            )
+        })?;
     let lock = tokio::task::spawn_blocking(move || lock.lock().map(|()| lock))
         .await
         .context("the migration lock task panicked")?
         .with_context(|| format!("cannot lock {}", lock_path.display()))?;
+    // A pool of another process writing at this moment can still make the
+    // first connection's set-up see "database is locked" (SQLITE_BUSY)
+    // without waiting; try again for up to five seconds.
+    let mut attempts = 0;
+    let pool = loop {
+        let opened = SqlitePoolOptions::new()
+            .max_connections(config.database.max_connections.max(1))
+            .connect_with(options.clone())
+            .await;
+        match opened {
+            // SQLITE_BUSY and its extended codes (261, 517, 773).
+            Err(sqlx::Error::Database(e))
+                if attempts < 100 && e.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5) =>
+            {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other,
+        }
+    }
+    .with_context(|| {
+        format!(
+            "cannot open the SQLite database {} (database.path): check that its directory exists and is writable",
+            path.display()
+        )
+    })?;
     let migrated = sqlx::migrate!("./migrations/sqlite").run(&pool).await;
     drop(lock);
     migrated.with_context(|| format!("cannot migrate the SQLite database {}", path.display()))?;

@@ -282,3 +282,78 @@ fn unreachable_servers_and_wrong_credentials_name_the_setting() {
         assert!(started.elapsed() < std::time::Duration::from_secs(30), "case {i} fails fast");
     }
 }
+
+/// A pool starting on a database that does not exist yet while producers
+/// publish to it, as a newcomer's first `idem run` and `idem publish` do:
+/// every publish succeeds and every message is done.
+#[test]
+fn publishing_while_a_pool_creates_the_database_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\npath = \"new.db\"\n[plugins.grant-credits]\npath = \"{}\"\ncollections = [\"credits\"]\n",
+            plugin_dir().join("grant_credits.wasm").display()
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run idem")
+    };
+    let log = dir.path().join("run.log");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["run", "--config", c])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("run idem");
+    let mut published = 0;
+    for round in 0..3 {
+        let publishers: Vec<_> = (0..8)
+            .map(|i| {
+                let id = format!("m{round}-{i}");
+                spawn(&[
+                    "publish",
+                    "--config",
+                    c,
+                    "--handler",
+                    "grant-credits",
+                    "--id",
+                    &id,
+                    "--payload",
+                    r#"{"user":"u","balance":1}"#,
+                ])
+            })
+            .collect();
+        for p in publishers {
+            let out = p.wait_with_output().expect("idem publish ends");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            published += 1;
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let (ok, out, err) = idem(&["stats", "--config", c, "--json"]);
+        assert!(ok, "{err}");
+        let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        if stats["done"] == published {
+            assert_eq!(stats["dead_lettered"], 0, "{stats}");
+            break;
+        }
+        if let Ok(Some(status)) = run.try_wait() {
+            panic!("idem run exited ({status}): {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        assert!(std::time::Instant::now() < deadline, "not all done: {stats}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Command::new("kill").args(["-TERM", &run.id().to_string()]).status().unwrap();
+    let status = run.wait().unwrap();
+    assert!(status.success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+}
