@@ -37,7 +37,11 @@ fn try_main() -> Result<()> {
     std::env::set_current_dir(&root)?;
     match task {
         "demo" => {
-            let plugins = build_plugins(&root)?;
+            // The Python and JavaScript ports (and their toolchains, from
+            // PyPI and npm) only when the demo is asked to run them.
+            let guests = rest.windows(2).any(|w| w[0] == "--lang" && w[1] != "rust")
+                || rest.iter().any(|a| a.starts_with("--lang=") && a != "--lang=rust");
+            let plugins = build_plugins_with(&root, guests)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("demo").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
@@ -236,6 +240,11 @@ fn plugin_excludes(root: &Path) -> Result<Vec<String>> {
 /// The host is built with the same package set as `test`, so both share one
 /// build of the dependencies (features are unified per package set).
 fn build_plugins(root: &Path) -> Result<PathBuf> {
+    build_plugins_with(root, true)
+}
+
+/// [`build_plugins`], with or without the Python and JavaScript ones.
+fn build_plugins_with(root: &Path, guests: bool) -> Result<PathBuf> {
     ensure_wasm_target()?;
     let mut cmd = Command::new("cargo");
     cmd.args([
@@ -257,6 +266,8 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
         .args(["build", "--release", "--workspace", "--exclude", "xtask"])
         .args(plugin_excludes(root)?);
     run(&mut build)?;
-    guests::build_guest_plugins(root, &root.join("target/release/idem"), &out)?;
+    if guests {
+        guests::build_guest_plugins(root, &root.join("target/release/idem"), &out)?;
+    }
     Ok(out)
 }
