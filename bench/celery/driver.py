@@ -1,11 +1,14 @@
 """Helper for bench/celery/run: checks, resets, publishes, waits, verifies.
 
 Usage: python driver.py check | reset | publish N | wait N T0_NS PID | verify N
+       | idem-config C PLUGIN_DIR | wait-idem N T0_NS PID | verify-idem N
 """
 
+import json
 import os
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
@@ -13,6 +16,10 @@ import redis
 from tasks import DONE_COUNTER, PG_URL, REDIS_URL, app, grant_credits
 
 USERS = 1000
+
+# Idem's namespace when it consumes the tasks (--idem): its claims in Redis,
+# its data in this Postgres schema, its unacked hash and delayed set.
+IDEM_NS = "bench_celery_idem"
 
 
 def fail(msg):
@@ -39,6 +46,7 @@ def reset():
     """Recreate the table; delete only this benchmark's keys and queue."""
     with psycopg.connect(PG_URL, autocommit=True) as c:
         c.execute("DROP SCHEMA IF EXISTS bench_celery CASCADE")
+        c.execute(f"DROP SCHEMA IF EXISTS {IDEM_NS} CASCADE")
         c.execute("CREATE SCHEMA bench_celery")
         c.execute(
             "CREATE TABLE bench_celery.kv ("
@@ -49,7 +57,7 @@ def reset():
     # The default queue (and its priority sub-queues), kombu's bookkeeping for
     # unacknowledged messages and bindings, the guards and the counter.
     keys = ["celery", "unacked", "unacked_index", "unacked_mutex", DONE_COUNTER]
-    for pattern in ("celery\x06\x16*", "_kombu.binding.*", "guard:*"):
+    for pattern in ("celery\x06\x16*", "_kombu.binding.*", "guard:*", f"{IDEM_NS}:*"):
         keys.extend(r.scan_iter(match=pattern, count=1000))
     for i in range(0, len(keys), 1000):
         r.delete(*keys[i : i + 1000])
@@ -117,10 +125,92 @@ def verify(n):
         )
 
 
+def idem_config(concurrency, plugins):
+    """An Idem config consuming the benchmark's Celery queue: the Rust port
+    of grant_credits, keyed like the guard (the first argument), claims in
+    the benchmark's Redis and data in its Postgres. Results are off, as
+    the Celery tasks ignore theirs."""
+    pg = urlsplit(PG_URL)
+    pg_url = urlunsplit(("postgres",) + tuple(pg)[1:])
+    print(f"""namespace = "{IDEM_NS}"
+
+[broker]
+kind = "celery"
+url = {json.dumps(REDIS_URL)}
+queues = ["celery"]
+result_backend = ""
+
+[claims]
+kind = "redis"
+url = {json.dumps(REDIS_URL)}
+
+[data]
+kind = "postgres"
+url = {json.dumps(pg_url)}
+
+[worker]
+concurrency = {concurrency}
+
+[plugins.grant-credits]
+path = {json.dumps(os.path.join(plugins, "celery_grant_credits.wasm"))}
+celery_task = "tasks.grant_credits"
+key_pointer = "/args/0"
+collections = ["credits"]
+""")
+
+
+def idem_left(r):
+    return r.llen("celery") + r.hlen(f"{IDEM_NS}:celery:unacked") + r.zcard(f"{IDEM_NS}:celery:delayed")
+
+
+def wait_idem(n, t0_ns, pid):
+    """As wait, for Idem: until no task is queued or unacked."""
+    r = rdb()
+    first = None
+    last, last_change = n, time.monotonic()
+    while True:
+        left = idem_left(r)
+        now = (time.time_ns() - t0_ns) / 1e9
+        if left < n and first is None:
+            first = now
+        if left == 0:
+            print(f"{now:.3f} {first:.3f}")
+            return
+        if left != last:
+            last, last_change = left, time.monotonic()
+        elif time.monotonic() - last_change > 60:
+            fail(f"no progress for 60 s ({n - left}/{n} tasks settled)")
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            fail(f"idem run exited with {n - left}/{n} tasks settled")
+        time.sleep(0.02)
+
+
+def verify_idem(n):
+    r = rdb()
+    left, dead = idem_left(r), r.llen(f"{IDEM_NS}:dead:ids")
+    with psycopg.connect(PG_URL) as c:
+        rows, bad = c.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE"
+            f" convert_from(value, 'UTF8')::bigint % 1000"
+            f" <> substr(key, 6)::bigint) FROM {IDEM_NS}.kv WHERE collection = 'credits'"
+        ).fetchone()
+    want_rows = min(n, USERS)
+    if (rows, bad, left, dead) != (want_rows, 0, 0, 0):
+        fail(
+            f"verification failed: rows {rows}/{want_rows}, wrong balances {bad}, "
+            f"tasks left in Redis {left}, dead letters {dead}"
+        )
+
+
 def main():
-    cmd, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "idem-config":
+        idem_config(int(args[0]), args[1])
+        return
     {"check": check, "reset": reset, "publish": publish, "wait": wait,
-     "verify": verify}[cmd](*args)
+     "verify": verify, "wait-idem": wait_idem, "verify-idem": verify_idem}[cmd](*map(int, args))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ export function error(message: string): void;
 
 /**
  * Wrap `fn` as the plugin's handler; export the result as `handle`.
- * Permanent → dead-lettered; Transient or any other error → retried.
+ * Permanent → dead-lettered; Transient or any other error → retried. What
+ * `fn` returns, unless undefined or null, is the message's result, as JSON.
  */
-export function handler(fn: (msg: Message) => void): (raw: RawMessage) => void;
+export function handler(fn: (msg: Message) => unknown): (raw: RawMessage) => Uint8Array | undefined;

@@ -178,12 +178,22 @@ class HandlerError extends Error {
 
 /**
  * Wrap `fn` as the plugin's handler; export the result as `handle`.
- * Permanent → dead-lettered; Transient or any other error → retried.
+ * Permanent → dead-lettered; Transient or any other error → retried. What
+ * `fn` returns, unless undefined or null, is the message's result, as JSON.
  */
 export function handler(fn) {
   return function handle(raw) {
     try {
-      fn(new Message(raw));
+      const value = fn(new Message(raw));
+      if (value === undefined || value === null) return undefined;
+      let text;
+      try {
+        text = JSON.stringify(value);
+      } catch (e) {
+        throw new Permanent(`the handler returned a value JSON cannot hold: ${e.message}`);
+      }
+      if (text === undefined) throw new Permanent("the handler returned a value JSON cannot hold");
+      return encoder.encode(text);
     } catch (e) {
       if (e instanceof Permanent) throw new HandlerError("permanent", e.message);
       if (e instanceof Transient) throw new HandlerError("transient", e.message);

@@ -167,6 +167,29 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
     Ok(pool)
 }
 
+/// What the celery broker takes from a configuration.
+fn celery_options(config: &Config) -> Result<crate::broker::celery::CeleryOptions> {
+    let url = config.broker.url()?.to_string();
+    let tasks = config
+        .plugins
+        .iter()
+        .filter_map(|(name, p)| Some((p.celery_task.clone()?, name.clone())))
+        .collect();
+    let result_backend = match config.broker.result_backend.as_deref() {
+        None => Some(url.clone()),
+        Some("") => None,
+        Some(other) => Some(other.to_string()),
+    };
+    Ok(crate::broker::celery::CeleryOptions {
+        url,
+        queues: config.broker.queues.clone(),
+        tasks,
+        result_backend,
+        result_expires: std::time::Duration::from_secs(config.broker.result_expires_secs),
+        namespace: config.namespace.clone(),
+    })
+}
+
 /// The backends a configuration names.
 pub async fn open(config: &Config) -> Result<Backends> {
     let ns = &config.namespace;
@@ -186,6 +209,7 @@ pub async fn open(config: &Config) -> Result<Backends> {
         BrokerKind::Redis => Arc::new(crate::broker::redis::RedisBroker::connect(config.broker.url()?, ns).await?),
         BrokerKind::Rabbitmq => Arc::new(crate::broker::amqp::AmqpBroker::connect(config.broker.url()?, ns).await?),
         BrokerKind::Nats => Arc::new(crate::broker::nats::NatsBroker::connect(config.broker.url()?, ns, config.worker.visibility()).await?),
+        BrokerKind::Celery => Arc::new(crate::broker::celery::CeleryBroker::connect(celery_options(config)?).await?),
     };
     fn both<T: ClaimStore + ClaimAdmin>(store: T) -> (Arc<dyn ClaimStore>, Arc<dyn ClaimAdmin>) {
         let store = Arc::new(store);

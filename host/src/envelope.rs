@@ -48,6 +48,10 @@ pub struct Delivery {
     pub receipt: String,
     /// How many times the broker has delivered it (1 = first).
     pub delivery_count: u32,
+    /// Set when the broker could not read the message as one its producers
+    /// send (a malformed Celery task, say): the worker dead-letters it with
+    /// this reason instead of running it.
+    pub refused: Option<String>,
 }
 
 /// Hex SHA-256 of a payload: a key reused with a different payload is a

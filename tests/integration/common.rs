@@ -30,6 +30,7 @@ pub fn plugin(file: &str, collections: &[&str], endpoints: &[&str], key: Option<
         collections: collections.iter().map(|s| s.to_string()).collect(),
         endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
         key_pointer: key.map(str::to_string),
+        celery_task: None,
         limits: None,
     }
 }

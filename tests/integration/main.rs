@@ -9,6 +9,7 @@ mod broker_amqp;
 mod broker_conformance;
 mod broker_nats;
 mod broker_redis;
+mod celery;
 mod cli;
 mod conformance;
 mod crash;

@@ -4,9 +4,12 @@ A handler is a function of one :class:`Message`, registered with
 :func:`handler`. It sees only what is safe to repeat: :func:`collection` for
 unique inserts, upserts, reads and deletes of JSON values, :func:`call` for
 keyed external calls whose answers Idem journals, and :mod:`log`-style
-functions. Returning means done. Raise :class:`Permanent` to dead-letter the
-message at once, :class:`Transient` (or any other exception) to have it
-retried with backoff.
+functions. Returning means done; a value returned (anything
+``json.dumps`` takes) is the message's result, stored with its claim and
+answered to producers that wait for one (Celery's ``AsyncResult.get()``).
+Raise :class:`Permanent` to dead-letter the message at once,
+:class:`Transient` (or any other exception) to have it retried with
+backoff.
 
 The component is built with componentize-py against Idem's WIT world::
 
@@ -173,11 +176,12 @@ info = _logger(_log.Level.INFO)
 warn = _logger(_log.Level.WARN)
 error = _logger(_log.Level.ERROR)
 
-_registered: Optional[Callable[[Message], None]] = None
+_registered: Optional[Callable[[Message], Any]] = None
 
 
-def handler(fn: Callable[[Message], None]) -> Callable[[Message], None]:
-    """Register `fn` as the plugin's handler (one per plugin)."""
+def handler(fn: Callable[[Message], Any]) -> Callable[[Message], Any]:
+    """Register `fn` as the plugin's handler (one per plugin). What it
+    returns, unless None, is the message's result, as JSON."""
     global _registered
     _registered = fn
     return fn
@@ -186,11 +190,17 @@ def handler(fn: Callable[[Message], None]) -> Callable[[Message], None]:
 class WitWorld(wit_world.WitWorld):
     """The export componentize-py looks for; calls the registered handler."""
 
-    def handle(self, msg: _types.Message) -> None:
+    def handle(self, msg: _types.Message) -> Optional[bytes]:
         if _registered is None:
             raise Err(_types.HandlerError_Permanent("no handler registered: decorate a function with @idem.handler"))
         try:
-            _registered(Message(msg))
+            value = _registered(Message(msg))
+            if value is None:
+                return None
+            try:
+                return json.dumps(value).encode()
+            except (TypeError, ValueError) as e:
+                raise Permanent(f"the handler returned a value JSON cannot hold: {e}") from e
         except Permanent as e:
             raise Err(_types.HandlerError_Permanent(str(e)))
         except Transient as e:

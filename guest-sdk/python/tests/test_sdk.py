@@ -106,6 +106,17 @@ class HandlerTests(unittest.TestCase):
         self.assertIsNone(run(lambda m: seen.append(m.key)))
         self.assertEqual(seen, ["k-1"])
 
+    def test_a_returned_value_is_the_result_as_json(self):
+        idem.handler(lambda m: {"user": m.key, "balance": 5})
+        self.assertEqual(idem.WitWorld().handle(raw()), b'{"user": "k-1", "balance": 5}')
+        idem.handler(lambda m: None)
+        self.assertIsNone(idem.WitWorld().handle(raw()))
+
+    def test_a_value_json_cannot_hold_is_permanent(self):
+        e = run(lambda m: {1, 2})
+        self.assertIsInstance(e, fakes.types.HandlerError_Permanent)
+        self.assertIn("JSON cannot hold", e.value)
+
     def test_permanent_and_transient_reach_the_host(self):
         def permanent(_):
             raise Permanent("refused")

@@ -23,6 +23,7 @@
 //!   its delivery count ([`Semantics::early_fetches_count`]).
 
 pub mod amqp;
+pub mod celery;
 pub mod nats;
 pub mod redis;
 pub mod sqlite;
@@ -113,4 +114,45 @@ pub trait Broker: Send + Sync + 'static {
     fn semantics(&self) -> Semantics {
         Semantics::default()
     }
+    /// Give a delivery back for a retry of its message after `delay` (the
+    /// handler failed and will run again). Brokers whose producers count
+    /// retries (Celery's `retries` header) count it here; the default is a
+    /// plain `nack`.
+    async fn retry(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
+        self.nack(receipt, delay).await
+    }
+    /// Whether [`Broker::answer`] does anything: only then does the worker
+    /// tell it how messages ended.
+    fn answers(&self) -> bool {
+        false
+    }
+    /// Tell producers how messages ended (Celery's result backend), after
+    /// the outcome is durable and before the ack. An error leaves the
+    /// deliveries unacked: their redelivery answers again, as duplicates.
+    async fn answer(&self, _answers: &[Answer<'_>]) -> Result<(), BrokerError> {
+        Ok(())
+    }
+}
+
+/// How one message ended, for [`Broker::answer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer<'a> {
+    /// The delivery being settled.
+    pub receipt: &'a str,
+    /// Its message id.
+    pub msg_id: &'a str,
+    pub verdict: Verdict<'a>,
+}
+
+/// What became of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict<'a> {
+    /// The handler succeeded and its effects are confirmed.
+    Done,
+    /// Dead-lettered, for this reason.
+    Failed(&'a str),
+    /// A duplicate of a message settled before; `failed` if that one was
+    /// dead-lettered. Its first settling answered already, unless the
+    /// worker died before it could.
+    Duplicate { failed: bool },
 }

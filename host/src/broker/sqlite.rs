@@ -75,6 +75,7 @@ impl Broker for SqliteBroker {
                 },
                 receipt: format!("{id}:{token}"),
                 delivery_count: row.try_get::<i64, _>("deliveries")? as u32,
+                refused: None,
             });
         }
         out.sort_by_key(|d| parse_receipt(&d.receipt).map(|r| r.0).unwrap_or(0));

@@ -1,6 +1,7 @@
 //! Reading a configuration: the file, then `IDEM_*` overrides, then
 //! validation with errors that name the setting and the fix.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -135,6 +136,30 @@ impl Config {
                     bail!("plugins.{name}.key_pointer must be a JSON pointer starting with '/', got {pointer:?}");
                 }
             }
+        }
+        self.validate_celery()
+    }
+
+    /// `celery_task` settings make sense only with the celery broker, and
+    /// each task name belongs to one plugin.
+    fn validate_celery(&self) -> Result<()> {
+        let mut served: BTreeMap<&str, &str> = BTreeMap::new();
+        for (name, plugin) in &self.plugins {
+            let Some(task) = plugin.celery_task.as_deref() else { continue };
+            if self.broker.kind != BrokerKind::Celery {
+                bail!("plugins.{name}.celery_task = {task:?} is set but broker.kind is {:?}: set broker.kind = \"celery\" or remove celery_task", self.broker.kind);
+            }
+            if task.is_empty() {
+                bail!("plugins.{name}.celery_task is empty: set it to the Celery task name (e.g. \"billing.record_payment\")");
+            }
+            if let Some(other) = served.insert(task, name) {
+                bail!("Celery task {task:?} is served by two plugins, {other} and {name}: give it to one");
+            }
+        }
+        if self.broker.kind == BrokerKind::Celery && served.is_empty() && !self.plugins.is_empty() {
+            bail!(
+                "broker.kind = \"celery\" but no plugin serves a Celery task: set celery_task = \"module.task_name\" under [plugins.NAME]"
+            );
         }
         Ok(())
     }

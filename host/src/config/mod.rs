@@ -116,17 +116,41 @@ pub enum BrokerKind {
     Rabbitmq,
     /// NATS JetStream, durable pull consumer.
     Nats,
+    /// Celery tasks on Celery's Redis transport, answered through Celery's
+    /// Redis result backend.
+    Celery,
 }
 
 /// `[broker]`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// `sqlite` (default), `redis`, `rabbitmq` or `nats`.
+    /// `sqlite` (default), `redis`, `rabbitmq`, `nats` or `celery`.
     pub kind: BrokerKind,
     /// Server URL, e.g. `redis://127.0.0.1:6379`,
     /// `amqp://guest:guest@127.0.0.1:5672/%2f`, `nats://127.0.0.1:4222`.
     pub url: Option<String>,
+    /// Celery: the queues consumed (the first is where `idem publish`
+    /// sends). Only tasks in these queues are taken.
+    pub queues: Vec<String>,
+    /// Celery: the Redis result backend results are written to (Celery's
+    /// `result_backend`). Unset: the broker's URL. `""`: write no results.
+    pub result_backend: Option<String>,
+    /// Celery: how long results are kept, in seconds (Celery's
+    /// `result_expires`, one day by default).
+    pub result_expires_secs: u64,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            kind: BrokerKind::default(),
+            url: None,
+            queues: vec!["celery".into()],
+            result_backend: None,
+            result_expires_secs: 86_400,
+        }
+    }
 }
 
 /// Which store.
@@ -377,6 +401,10 @@ pub struct PluginConfig {
     /// `/payment_id`); the message id when unset.
     #[serde(default)]
     pub key_pointer: Option<String>,
+    /// With the `celery` broker: the Celery task name this plugin serves
+    /// (e.g. `billing.record_payment`).
+    #[serde(default)]
+    pub celery_task: Option<String>,
     /// Overrides of the global sandbox limits; unset fields keep the
     /// global value.
     #[serde(default)]

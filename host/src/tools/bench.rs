@@ -332,6 +332,7 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, handler: &str, dir: &st
             collections: collections.iter().map(|s| s.to_string()).collect(),
             endpoints: Vec::new(),
             key_pointer: None,
+            celery_task: None,
             limits: None,
         },
     );

@@ -180,6 +180,7 @@ fn resolve_plugin(config: &Config, args: &VerifyArgs) -> Result<(String, PluginC
             collections: args.collections.clone(),
             endpoints: args.endpoints.clone(),
             key_pointer: None,
+            celery_task: None,
             limits: None,
         },
     ))

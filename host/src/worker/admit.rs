@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::heartbeat::Registered;
 use super::Worker;
+use crate::broker::{self, Verdict};
 use crate::claim::{ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::OutagePolicy;
 use crate::envelope::{check_key, derive_key, payload_hash, printable, Delivery, Envelope, MAX_KEY_BYTES};
@@ -67,8 +68,8 @@ pub(super) enum Answer {
 /// Why a delivery is acked without running.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Settled {
-    /// A duplicate of a message done or dead-lettered.
-    Duplicate,
+    /// A duplicate of a message done or (`failed`) dead-lettered.
+    Duplicate { failed: bool },
     /// The key was first seen with another payload: dead-lettered.
     Conflict,
     /// No attempt left: dead-lettered.
@@ -81,7 +82,8 @@ pub(super) enum Settled {
 pub(super) fn answer(outcome: ClaimOutcome, busy_retry: Duration) -> Answer {
     match outcome {
         ClaimOutcome::Acquired { fence, attempt, traps } => Answer::Run { fence, attempt, traps },
-        ClaimOutcome::Done | ClaimOutcome::DeadLettered => Answer::Ack(Settled::Duplicate),
+        ClaimOutcome::Done => Answer::Ack(Settled::Duplicate { failed: false }),
+        ClaimOutcome::DeadLettered => Answer::Ack(Settled::Duplicate { failed: true }),
         ClaimOutcome::Conflict => Answer::Ack(Settled::Conflict),
         ClaimOutcome::Exhausted { attempts, .. } => Answer::Ack(Settled::Exhausted(attempts)),
         ClaimOutcome::Busy { retry_after_ms } => Answer::Redeliver(Duration::from_millis(retry_after_ms.max(1) as u64).min(busy_retry)),
@@ -91,7 +93,11 @@ pub(super) fn answer(outcome: ClaimOutcome, busy_retry: Duration) -> Answer {
 /// Check a delivery against the plugin its envelope names (`None` if no
 /// such plugin is loaded; `loaded` lists those that are) and derive its
 /// key. The error is the dead letter's reason.
-pub(super) fn check(e: &Envelope, plugin: Option<&PluginInfo>, loaded: impl FnOnce() -> Vec<String>) -> Result<String, String> {
+pub(super) fn check(d: &Delivery, plugin: Option<&PluginInfo>, loaded: impl FnOnce() -> Vec<String>) -> Result<String, String> {
+    if let Some(reason) = &d.refused {
+        return Err(reason.clone());
+    }
+    let e = &d.envelope;
     if e.handler.is_empty() {
         return Err(format!(
             "malformed envelope: the delivery names no handler (message id {:?}); publish with `idem publish` or set the idem handler header/field",
@@ -138,7 +144,7 @@ impl Worker {
         let mut rejected: Vec<(Delivery, String)> = Vec::new();
         for d in deliveries {
             let plugin = self.runtime.plugin(&d.envelope.handler);
-            match check(&d.envelope, plugin.as_deref().map(|p| &**p), || self.runtime.plugin_names()) {
+            match check(&d, plugin.as_deref().map(|p| &**p), || self.runtime.plugin_names()) {
                 Ok(key) => {
                     let plugin = plugin.expect("checked above");
                     candidates.push(Candidate {
@@ -195,7 +201,17 @@ impl Worker {
                 self.counters
                     .dead_lettered
                     .fetch_add(rejected.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                self.ack(rejected.iter().map(|(d, _)| d.receipt.as_str()).collect()).await;
+                self.answer_and_ack(
+                    rejected
+                        .iter()
+                        .map(|(d, reason)| broker::Answer {
+                            receipt: &d.receipt,
+                            msg_id: &d.envelope.id,
+                            verdict: Verdict::Failed(reason),
+                        })
+                        .collect(),
+                )
+                .await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot record dead letters; leaving the deliveries unacked");
@@ -251,22 +267,25 @@ impl Worker {
                     });
                 }
                 Answer::Ack(why) => {
-                    match why {
-                        Settled::Duplicate => {
+                    let verdict = match why {
+                        Settled::Duplicate { failed } => {
                             Counters::inc(&c.duplicates);
                             tracing::debug!(%msg_id, %key, "duplicate delivery of a settled message; acking");
+                            Verdict::Duplicate { failed }
                         }
                         Settled::Conflict => {
                             Counters::inc(&c.conflicts);
                             Counters::inc(&c.dead_lettered);
                             tracing::warn!(%msg_id, %key, "key reused with a different payload; dead-lettered");
+                            Verdict::Failed("the key was first seen with a different payload")
                         }
                         Settled::Exhausted(attempts) => {
                             Counters::inc(&c.dead_lettered);
                             tracing::warn!(%msg_id, %key, attempts, "attempts exhausted; dead-lettered");
+                            Verdict::Failed("attempts exhausted")
                         }
-                    }
-                    acks.push(k.receipt);
+                    };
+                    acks.push((k, verdict));
                 }
                 Answer::Redeliver(delay) => {
                     Counters::inc(&c.busy);
@@ -275,7 +294,16 @@ impl Worker {
                 }
             }
         }
-        self.ack(acks.iter().map(String::as_str).collect()).await;
+        self.answer_and_ack(
+            acks.iter()
+                .map(|(k, verdict)| broker::Answer {
+                    receipt: &k.receipt,
+                    msg_id: &k.envelope.id,
+                    verdict: *verdict,
+                })
+                .collect(),
+        )
+        .await;
         Admitted { run, outage: false }
     }
 
@@ -346,7 +374,12 @@ impl Worker {
             Ok(_) => {
                 Counters::inc(&self.counters.dead_lettered);
                 tracing::warn!(%msg_id, %key, %reason, "dead-lettered");
-                self.ack(vec![&k.receipt]).await;
+                self.answer_and_ack(vec![broker::Answer {
+                    receipt: &k.receipt,
+                    msg_id: &k.envelope.id,
+                    verdict: Verdict::Failed(&reason),
+                }])
+                .await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, %msg_id, "cannot record the dead letter; leaving the delivery unacked");
@@ -407,13 +440,25 @@ mod tests {
         }
     }
 
-    fn envelope(id: &str, handler: &str, payload: &str) -> Envelope {
-        Envelope {
-            id: id.into(),
-            handler: handler.into(),
-            headers: Vec::new(),
-            payload: payload.as_bytes().to_vec(),
+    fn envelope(id: &str, handler: &str, payload: &str) -> Delivery {
+        Delivery {
+            envelope: Envelope {
+                id: id.into(),
+                handler: handler.into(),
+                headers: Vec::new(),
+                payload: payload.as_bytes().to_vec(),
+            },
+            receipt: "r".into(),
+            delivery_count: 1,
+            refused: None,
         }
+    }
+
+    #[test]
+    fn a_delivery_the_broker_refused_is_dead_lettered_with_its_reason() {
+        let mut d = envelope("m1", "p", "{}");
+        d.refused = Some("Celery message protocol 1 is not supported".into());
+        assert_eq!(check(&d, None, loaded), Err("Celery message protocol 1 is not supported".into()));
     }
 
     fn loaded() -> Vec<String> {
@@ -478,8 +523,14 @@ mod tests {
                 traps: 1
             }
         );
-        assert_eq!(answer(ClaimOutcome::Done, busy_retry), Answer::Ack(Settled::Duplicate));
-        assert_eq!(answer(ClaimOutcome::DeadLettered, busy_retry), Answer::Ack(Settled::Duplicate));
+        assert_eq!(
+            answer(ClaimOutcome::Done, busy_retry),
+            Answer::Ack(Settled::Duplicate { failed: false })
+        );
+        assert_eq!(
+            answer(ClaimOutcome::DeadLettered, busy_retry),
+            Answer::Ack(Settled::Duplicate { failed: true })
+        );
         assert_eq!(answer(ClaimOutcome::Conflict, busy_retry), Answer::Ack(Settled::Conflict));
         assert_eq!(
             answer(ClaimOutcome::Exhausted { attempts: 5, fence: 6 }, busy_retry),

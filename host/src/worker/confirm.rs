@@ -9,6 +9,7 @@ use tokio::sync::mpsc::{Receiver, Sender};
 use tokio_util::sync::CancellationToken;
 
 use super::Worker;
+use crate::broker::{Answer, Verdict};
 use crate::claim::ClaimRef;
 use crate::envelope::Envelope;
 use crate::stats::Counters;
@@ -23,8 +24,10 @@ pub(super) struct AwaitingConfirm {
     pub claim: ClaimRef,
     /// The broker's handle, acked after the confirm.
     pub receipt: String,
-    /// The message, kept only when a hook wants it after the ack.
-    pub envelope: Option<Arc<Envelope>>,
+    /// The message (its id answers the producer).
+    pub envelope: Arc<Envelope>,
+    /// Whether the `on_done` hook wants the message after the ack.
+    pub hook: bool,
     /// Keeps the lease extended until the confirm: a finished execution
     /// waiting for its batch is never taken for a crashed one.
     pub _held: Option<super::heartbeat::Registered>,
@@ -99,10 +102,19 @@ impl Worker {
                         self.hand_back(&item.receipt).await;
                     }
                 }
-                self.ack(done.iter().map(|i| i.receipt.as_str()).collect()).await;
+                self.answer_and_ack(
+                    done.iter()
+                        .map(|i| Answer {
+                            receipt: &i.receipt,
+                            msg_id: &i.envelope.id,
+                            verdict: Verdict::Done,
+                        })
+                        .collect(),
+                )
+                .await;
                 if let Some(hook) = &self.caps.hooks.on_done {
-                    for e in done.iter().filter_map(|i| i.envelope.as_ref()) {
-                        hook(e);
+                    for i in done.iter().filter(|i| i.hook) {
+                        hook(&i.envelope);
                     }
                 }
             }

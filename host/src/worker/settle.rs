@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::admit::Admission;
 use super::confirm::AwaitingConfirm;
 use super::{retry, Worker};
+use crate::broker::{Answer, Verdict};
 use crate::claim::{ClaimRef, DeadLetterRequest};
 use crate::config::RetryConfig;
 use crate::runtime::Outcome;
@@ -82,7 +83,13 @@ impl Worker {
             match outcome {
                 Outcome::Done => {
                     Counters::inc(&c.done);
-                    self.ack(vec![&a.candidate.receipt]).await;
+                    let k = &a.candidate;
+                    self.answer_and_ack(vec![Answer {
+                        receipt: &k.receipt,
+                        msg_id: &k.envelope.id,
+                        verdict: Verdict::Done,
+                    }])
+                    .await;
                 }
                 _ => self.nack(&a.candidate.receipt, self.options.busy_retry).await,
             }
@@ -111,7 +118,8 @@ impl Worker {
                 let waiting = AwaitingConfirm {
                     claim,
                     receipt: k.receipt,
-                    envelope: hook.then_some(k.envelope),
+                    envelope: k.envelope,
+                    hook,
                     _held: a.held,
                 };
                 self.await_confirm(waiting).await;
@@ -143,7 +151,9 @@ impl Worker {
             Ok(true) => {
                 Counters::inc(&self.counters.retries);
                 tracing::info!(?delay, %reason, "retrying later");
-                self.nack(receipt, delay).await;
+                if let Err(e) = self.backends.broker.retry(receipt, delay).await {
+                    tracing::warn!(error = %e, "giving the delivery back failed; it becomes visible when its visibility timeout ends");
+                }
             }
             Ok(false) => {
                 Counters::inc(&self.counters.fence_rejections);
@@ -173,7 +183,12 @@ impl Worker {
             Ok(v) if v.first() == Some(&true) => {
                 Counters::inc(&self.counters.dead_lettered);
                 tracing::warn!(%reason, "dead-lettered");
-                self.ack(vec![&k.receipt]).await;
+                self.answer_and_ack(vec![Answer {
+                    receipt: &k.receipt,
+                    msg_id: &k.envelope.id,
+                    verdict: Verdict::Failed(reason),
+                }])
+                .await;
             }
             Ok(_) => {
                 Counters::inc(&self.counters.fence_rejections);
@@ -185,6 +200,27 @@ impl Worker {
                 self.hand_back(&k.receipt).await;
             }
         }
+    }
+
+    /// Tell producers how settled messages ended, where the broker answers
+    /// them (Celery's result backend), then ack. An answer that cannot be
+    /// written leaves the deliveries unacked: their redelivery is a
+    /// duplicate, which answers again.
+    pub(super) async fn answer_and_ack(&self, answers: Vec<Answer<'_>>) {
+        if answers.is_empty() {
+            return;
+        }
+        let broker = &self.backends.broker;
+        if broker.answers() {
+            if let Err(e) = broker.answer(&answers).await {
+                tracing::warn!(error = %e, count = answers.len(), "cannot answer the producers; handing the deliveries back to answer them on redelivery");
+                for a in &answers {
+                    self.hand_back(a.receipt).await;
+                }
+                return;
+            }
+        }
+        self.ack(answers.iter().map(|a| a.receipt).collect()).await;
     }
 
     /// Ack settled deliveries (one round trip).

@@ -108,6 +108,7 @@ pub(super) fn convert(d: AmqpDelivery, epoch: u64) -> (Delivery, (u64, Held)) {
         },
         receipt: format!("{epoch}.{}", d.delivery_tag),
         delivery_count,
+        refused: None,
     };
     let held = Held {
         properties: d.properties,

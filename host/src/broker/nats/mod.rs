@@ -184,6 +184,7 @@ impl Broker for NatsBroker {
                 envelope: envelope(&msg),
                 receipt,
                 delivery_count,
+                refused: None,
             });
         }
         Ok(out)

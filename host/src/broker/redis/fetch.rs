@@ -130,6 +130,7 @@ fn delivery(entry_id: &str, count: u64, fields: Vec<Value>) -> Result<Delivery, 
         envelope,
         receipt: format!("{entry_id}/{count}"),
         delivery_count: (delivered + count).min(u32::MAX as u64) as u32,
+        refused: None,
     })
 }
 

@@ -425,7 +425,7 @@ async fn disconnect_broker(config: &Config, redis: Option<&OwnRedis>) -> Result<
             }
             Ok(closed)
         }
-        BrokerKind::Nats | BrokerKind::Sqlite => Ok(false),
+        BrokerKind::Nats | BrokerKind::Sqlite | BrokerKind::Celery => Ok(false),
     }
 }
 
@@ -451,7 +451,7 @@ pub async fn cleanup(config: &Config) {
         }
     }
     let redis_urls = [
-        (config.broker.kind == BrokerKind::Redis).then_some(&config.broker.url),
+        matches!(config.broker.kind, BrokerKind::Redis | BrokerKind::Celery).then_some(&config.broker.url),
         (config.claims.kind == StoreKind::Redis).then_some(&config.claims.url),
     ];
     for url in redis_urls.into_iter().flatten().flatten() {

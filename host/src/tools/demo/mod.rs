@@ -128,6 +128,7 @@ pub fn demo_config(db: PathBuf, plugins: &std::path::Path, mock: &Mock, concurre
         collections: collections.iter().map(|s| s.to_string()).collect(),
         endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
         key_pointer: key.map(str::to_string),
+        celery_task: None,
         limits: None,
     };
     let endpoint = |api: &str| EndpointConfig {

@@ -1,0 +1,340 @@
+//! Celery interop against the real thing: tasks sent by Celery's own
+//! producer API (`send_task`, `apply_async`) into Redis, consumed by Idem's
+//! `celery` broker, answered through Celery's Redis result backend and read
+//! back with `AsyncResult(id).get()`; a Celery worker beside Idem on the
+//! same broker; malformed messages a real Celery can send. The Celery side
+//! is `tests/celery/celery_side.py`, run in the virtualenv of
+//! `bench/celery/venv`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use idem_host::config::{BrokerConfig, BrokerKind, Config, StoreConfig, StoreKind};
+use serde_json::Value;
+
+use crate::common::*;
+
+/// The Rust port of bench/celery's task.
+const TASK: &str = "billing.grant_credits";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The virtualenv with Celery (made on first use).
+fn venv() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(root().join("bench/celery/venv"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run bench/celery/venv");
+    assert!(out.status.success(), "bench/celery/venv failed");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The Celery side, for one test's queues.
+struct CelerySide {
+    venv: PathBuf,
+    idem_queue: String,
+    celery_queue: String,
+}
+
+impl CelerySide {
+    fn new(ns: &str) -> Self {
+        CelerySide {
+            venv: venv(),
+            idem_queue: format!("{ns}:idem"),
+            celery_queue: format!("{ns}:celery"),
+        }
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.venv.join("bin").join(program));
+        cmd.current_dir(root().join("tests/celery"))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("CELERY_BROKER", services::redis())
+            .env("IDEM_QUEUE", &self.idem_queue)
+            .env("CELERY_QUEUE", &self.celery_queue)
+            .env("TASK_PREFIX", &self.idem_queue);
+        cmd
+    }
+
+    /// Run one command of celery_side.py (off the async runtime: it blocks).
+    async fn run(&self, args: &[&str]) -> Value {
+        let mut cmd = self.command("python");
+        cmd.arg("celery_side.py").args(args).stderr(Stdio::inherit());
+        let what = args.join(" ");
+        let out = tokio::task::spawn_blocking(move || cmd.output().expect("run celery_side.py"))
+            .await
+            .unwrap();
+        assert!(out.status.success(), "celery_side.py {what} failed");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("celery_side.py {what} printed no JSON ({e})"))
+    }
+
+    /// A Celery worker serving the Celery queue.
+    fn worker(&self, log: &Path) -> Child {
+        self.command("celery")
+            .args(["-A", "celery_side", "worker", "--pool", "solo", "--loglevel", "warning", "-Q"])
+            .arg(&self.celery_queue)
+            .args(["--without-gossip", "--without-mingle", "--without-heartbeat"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("spawn a Celery worker")
+    }
+}
+
+/// The test environment with the celery broker on Idem's queue and the
+/// grant_credits port serving its task.
+fn celery_config(env: &mut Env, ns: &str, side: &CelerySide, postgres: bool) {
+    env.config.namespace = ns.to_string();
+    env.config.broker = BrokerConfig {
+        kind: BrokerKind::Celery,
+        url: Some(services::redis()),
+        queues: vec![side.idem_queue.clone()],
+        result_expires_secs: 600,
+        ..BrokerConfig::default()
+    };
+    if postgres {
+        let pg = StoreConfig {
+            kind: StoreKind::Postgres,
+            url: Some(services::postgres()),
+            max_connections: 8,
+        };
+        env.config.claims = pg.clone();
+        env.config.data = pg;
+    }
+    let mut credits = plugin("celery_grant_credits.wasm", &["credits"], &[], None);
+    credits.celery_task = Some(TASK.into());
+    env.config.plugins.insert("celery-credits".into(), credits);
+}
+
+/// Deletes the test's keys, results and schema, even when it fails.
+struct Cleanup(Config);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let config = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Runtime::new().unwrap().block_on(async {
+                idem_host::tools::chaos::cleanup(&config).await;
+                let mut conn = brokers::redis_conn().await;
+                let results: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("celery-task-meta-{}*", config.namespace))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                if !results.is_empty() {
+                    let _: redis::RedisResult<()> = redis::cmd("DEL").arg(results).query_async(&mut conn).await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+fn spawn_idem(config: &Path, log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["run", "--config"])
+        .arg(config)
+        .env("IDEM_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("spawn idem run")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
+    let ns = unique_namespace("celery");
+    let side = CelerySide::new(&ns);
+    let mut env = Env::new().await;
+    celery_config(&mut env, &ns, &side, true);
+    let _cleanup = Cleanup(env.config.clone());
+    let config_path = env.dir.path().join("idem.toml");
+    std::fs::write(&config_path, toml::to_string(&env.config).unwrap()).unwrap();
+    let backends = idem_host::backend::open(&env.config).await.unwrap();
+
+    // 1,000 tasks, 100 of them sent twice with the same id, 143 with a
+    // countdown, and one already expired.
+    let sent = side.run(&["send", "1000"]).await;
+    assert_eq!(sent["sent"], 1101);
+
+    let log = |n: u32| env.dir.path().join(format!("worker-{n}.log"));
+    let mut first = spawn_idem(&config_path, &log(1));
+    let second = spawn_idem(&config_path, &log(2));
+    wait_until(Duration::from_secs(120), "300 tasks done", || async {
+        backends.admin.counts().await.unwrap().done >= 300
+    })
+    .await;
+    first.kill().expect("SIGKILL");
+    first.wait().unwrap();
+    let third = spawn_idem(&config_path, &log(3));
+
+    // Every result as a Celery client reads it: None from the handler, and
+    // the expired task revoked.
+    let results = side.run(&["wait", "1000", "120"]).await;
+    assert_eq!(results["statuses"], serde_json::json!({"SUCCESS": 1000}), "{results}");
+    assert_eq!(results["expired"], "REVOKED");
+    assert_eq!(results["expired_error"], "TaskRevokedError");
+
+    // Each task's effect once, with its own arguments; nothing left behind.
+    let credits: HashMap<String, Vec<u8>> = backends.data.scan("credits").await.unwrap().into_iter().collect();
+    assert_eq!(credits.len(), 1000);
+    for i in 0..1000 {
+        assert_eq!(credits[&format!("u{i}")], i.to_string().as_bytes(), "u{i}");
+    }
+    wait_until(Duration::from_secs(30), "the broker to hold nothing", || async {
+        backends.broker.pending().await.unwrap() == 0
+    })
+    .await;
+    let counts = backends.admin.counts().await.unwrap();
+    assert_eq!(
+        (counts.done, counts.running, counts.retry, counts.dead_letters),
+        (1000, 0, 0, 1),
+        "{counts:?}"
+    );
+    let letters = backends.admin.dead_letters(10).await.unwrap();
+    assert!(letters[0].reason.contains("expired at"), "{}", letters[0].reason);
+
+    for mut worker in [second, third] {
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+    }
+    // The killed worker's deliveries went back to the queue when their
+    // visibility ended, and were run by the others.
+    let restored = (2..=3).any(|n| std::fs::read_to_string(log(n)).unwrap().contains("went back to their queues"));
+    assert!(restored, "no worker restored the killed worker's deliveries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_celery_worker_and_idem_share_one_broker() {
+    let ns = unique_namespace("celery_mixed");
+    let side = CelerySide::new(&ns);
+    let mut env = Env::new().await;
+    celery_config(&mut env, &ns, &side, false);
+    let _cleanup = Cleanup(env.config.clone());
+    let pool = env.start().await;
+    let mut celery = side.worker(&env.dir.path().join("celery.log"));
+
+    let out = side.run(&["mixed", "20", "60"]).await;
+    celery.kill().unwrap();
+    celery.wait().unwrap();
+    assert_eq!(out["sums_ok"], true, "the Celery worker answered its tasks: {out}");
+    assert_eq!(out["idem"], 20, "Idem answered its tasks: {out}");
+    assert_eq!(out["idem_values"], serde_json::json!(["None"]));
+    assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 20);
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_celery_messages_are_dead_lettered_with_their_reasons() {
+    let ns = unique_namespace("celery_bad");
+    let side = CelerySide::new(&ns);
+    let mut env = Env::new().await;
+    celery_config(&mut env, &ns, &side, false);
+    let _cleanup = Cleanup(env.config.clone());
+    let pool = env.start().await;
+
+    let out = side.run(&["malformed", "60"]).await;
+    assert_eq!(out["good"], "SUCCESS", "the good task after the bad ones ran: {out}");
+    let failure = |id: &str| out["failures"][id].as_str().unwrap_or_default().to_string();
+    for (id, why) in [
+        ("unknown", "no plugin serves Celery task \"nobody.serves_this\""),
+        ("chain", "canvas (chain)"),
+        ("protocol1", "protocol 1 is not supported"),
+        ("base64", "not valid base64"),
+    ] {
+        let f = failure(id);
+        assert!(f.starts_with("IdemDeadLettered") && f.contains(why), "{id}: {f}");
+    }
+    wait_until(Duration::from_secs(30), "every bad message settled", || async {
+        pool.backends.broker.pending().await.unwrap() == 0
+    })
+    .await;
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
+    let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
+    assert_eq!(letters.len(), 5, "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("not a kombu JSON envelope")), "{reasons:?}");
+    assert_eq!(
+        pool.backends.data.scan("credits").await.unwrap().len(),
+        1,
+        "only the good task wrote"
+    );
+    pool.stop().await.unwrap();
+}
+
+/// Two Celery broker instances on one queue, as two worker processes.
+async fn celery_broker(ns: &str) -> idem_host::broker::celery::CeleryBroker {
+    idem_host::broker::celery::CeleryBroker::connect(idem_host::broker::celery::CeleryOptions {
+        url: services::redis(),
+        queues: vec![format!("{ns}:q")],
+        tasks: HashMap::from([("t.h".to_string(), "h".to_string())]),
+        result_backend: None,
+        result_expires: Duration::from_secs(60),
+        namespace: ns.to_string(),
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
+    use idem_host::broker::Broker;
+    let ns = unique_namespace("celery_broker");
+    let _cleanup = Cleanup(Config {
+        namespace: ns.clone(),
+        broker: BrokerConfig {
+            kind: BrokerKind::Celery,
+            url: Some(services::redis()),
+            ..BrokerConfig::default()
+        },
+        ..Config::default()
+    });
+    let (one, two) = (celery_broker(&ns).await, celery_broker(&ns).await);
+    let sent = [
+        envelope("a", "h", serde_json::json!({"args": [1], "kwargs": {}})),
+        envelope("b", "h", serde_json::json!({"args": [2], "kwargs": {}})),
+    ];
+    one.publish(&sent, Duration::ZERO).await.unwrap();
+
+    let short = Duration::from_millis(300);
+    let held = brokers::fetch_n(&one, 2, short, "both tasks").await;
+    assert_eq!(held.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), [1, 1]);
+    assert!(two.fetch(10, short).await.unwrap().is_empty(), "held deliveries are invisible");
+    // `one` keeps extending the first and vanishes with the second.
+    let (kept, lost) = (&held[0], &held[1]);
+    let redelivered = wait_for(Duration::from_secs(10), "the lost delivery to come back", || async {
+        one.extend(&[&kept.receipt], short).await.unwrap();
+        let got = two.fetch(10, Duration::from_secs(30)).await.unwrap();
+        (!got.is_empty()).then_some(got)
+    })
+    .await;
+    assert_eq!(brokers::ids(&redelivered), [lost.envelope.id.as_str()]);
+    assert_eq!(redelivered[0].delivery_count, 2);
+    assert_eq!(redelivered[0].envelope.payload, lost.envelope.payload);
+    one.ack(&[&kept.receipt]).await.unwrap();
+
+    // A retry comes back after its delay with Celery's retries header one
+    // higher; a hand-back (nack) does not count as a retry.
+    two.retry(&redelivered[0].receipt, Duration::from_millis(200)).await.unwrap();
+    let retried = brokers::fetch_until(&two, 10, Duration::from_secs(30), "the retried task").await;
+    let header = |d: &idem_host::envelope::Delivery| {
+        d.envelope
+            .headers
+            .iter()
+            .find(|(k, _)| k == "celery.retries")
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header(&retried[0]).as_deref(), Some("1"));
+    two.nack(&retried[0].receipt, Duration::ZERO).await.unwrap();
+    let again = brokers::fetch_until(&two, 10, Duration::from_secs(30), "the handed-back task").await;
+    assert_eq!(header(&again[0]).as_deref(), Some("1"));
+    // A stale receipt settles nothing; the current one empties the queue.
+    one.ack(&[&lost.receipt]).await.unwrap();
+    assert_eq!(two.pending().await.unwrap(), 1);
+    two.ack(&[&again[0].receipt]).await.unwrap();
+    assert_eq!(two.pending().await.unwrap(), 0);
+}
