@@ -1,4 +1,5 @@
-//! Envelope decoding never panics, and what decodes round-trips.
+//! Envelope decoding never panics, and what decodes round-trips; a Celery
+//! queue entry is read or refused with a reason, never a panic.
 #![no_main]
 
 use idem_host::envelope::{derive_key, idempotency_key, payload_hash, Envelope};
@@ -19,4 +20,10 @@ fuzz_target!(|data: &[u8]| {
     // Raw bytes as a payload under a JSON-pointer key: an error, never a panic.
     let raw = Envelope { id: "m".into(), handler: "h".into(), headers: vec![], payload: data.to_vec() };
     let _ = derive_key(&raw, Some("/payment_id"));
+    // The same bytes as an entry of a Celery queue, and as its retry.
+    use idem_host::broker::celery::wire;
+    if let Ok(task) = wire::decode(data) {
+        assert!(!task.id.is_empty() && !task.name.is_empty());
+        let _ = wire::decode(&wire::with_retry(data));
+    }
 });

@@ -18,9 +18,9 @@
 // Build with `idem plugin build DIR` (componentize-js, every WASI feature
 // disabled, so the component imports nothing but idem:handler/*).
 
-import * as store from "idem:handler/store@0.1.0";
-import * as effects from "idem:handler/effects@0.1.0";
-import { log } from "idem:handler/log@0.1.0";
+import * as store from "idem:handler/store@0.2.0";
+import * as effects from "idem:handler/effects@0.2.0";
+import { log } from "idem:handler/log@0.2.0";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();

@@ -63,7 +63,8 @@
 //!
 //! ## Errors
 //!
-//! A handler returns [`Result<()>`](Result). `?` works on anything that
+//! A handler returns [`Result<()>`](Result), or `Result<R>` with a result
+//! `R` for producers that wait for one ([`Reply`]). `?` works on anything that
 //! converts into `anyhow::Error`. Errors coming from Idem's own capabilities
 //! keep their kind (an unreachable store is [`ErrorKind::Transient`], an
 //! ungranted collection is [`ErrorKind::Permanent`]); any other error is
@@ -456,7 +457,10 @@ pub mod __private {
 
     use super::{wit, ErrorKind, Message, Result};
 
-    pub fn run(f: impl FnOnce(Message) -> Result<()>, msg: wit::types::Message) -> std::result::Result<(), wit::types::HandlerError> {
+    pub fn run<R: super::Reply>(
+        f: impl FnOnce(Message) -> Result<R>,
+        msg: wit::types::Message,
+    ) -> std::result::Result<Option<Vec<u8>>, wit::types::HandlerError> {
         let msg = Message {
             id: msg.id,
             key: msg.key,
@@ -464,19 +468,64 @@ pub mod __private {
             headers: msg.headers,
             payload: msg.payload,
         };
-        f(msg).map_err(|e| match e.kind() {
+        f(msg).and_then(super::Reply::into_reply).map_err(|e| match e.kind() {
             ErrorKind::Transient => wit::types::HandlerError::Transient(e.to_string()),
             ErrorKind::Permanent => wit::types::HandlerError::Permanent(e.to_string()),
         })
     }
 }
 
-/// Export `f: fn(Message) -> Result<()>` as this component's handler.
+/// What a handler may return: nothing (`()`), or the message's result,
+/// which the host stores with the claim and hands to producers that wait
+/// for one (Celery's `AsyncResult(id).get()`); a duplicate delivery
+/// answers with the same result.
+pub trait Reply {
+    /// The result as bytes (JSON by convention), or none.
+    fn into_reply(self) -> Result<Option<Vec<u8>>>;
+}
+
+impl Reply for () {
+    fn into_reply(self) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+}
+
+impl Reply for serde_json::Value {
+    fn into_reply(self) -> Result<Option<Vec<u8>>> {
+        Ok(Some(serde_json::to_vec(&self).map_err(|e| Error::new(ErrorKind::Permanent, e))?))
+    }
+}
+
+/// A result serialised as JSON: `Ok(Json(balance))`.
+#[derive(Debug, Clone)]
+pub struct Json<T>(pub T);
+
+impl<T: serde::Serialize> Reply for Json<T> {
+    fn into_reply(self) -> Result<Option<Vec<u8>>> {
+        Ok(Some(serde_json::to_vec(&self.0).map_err(|e| Error::new(ErrorKind::Permanent, e))?))
+    }
+}
+
+impl<R: Reply> Reply for Option<R> {
+    fn into_reply(self) -> Result<Option<Vec<u8>>> {
+        self.map_or(Ok(None), Reply::into_reply)
+    }
+}
+
+/// Export `f: fn(Message) -> Result<R>` as this component's handler, where
+/// `R` is `()` or a result ([`Reply`]: [`Json`], `serde_json::Value`).
 ///
 /// ```no_run
 /// fn handle(msg: idem_sdk::Message) -> idem_sdk::Result<()> {
 ///     idem_sdk::log::info(format!("got {}", msg.id));
 ///     Ok(())
+/// }
+/// idem_sdk::handler!(handle);
+/// ```
+///
+/// ```no_run
+/// fn handle(msg: idem_sdk::Message) -> idem_sdk::Result<idem_sdk::Json<u64>> {
+///     Ok(idem_sdk::Json(msg.payload.len() as u64))
 /// }
 /// idem_sdk::handler!(handle);
 /// ```
@@ -488,7 +537,10 @@ macro_rules! handler {
         impl $crate::__bindings::Guest for __IdemHandler {
             fn handle(
                 msg: $crate::__bindings::idem::handler::types::Message,
-            ) -> ::core::result::Result<(), $crate::__bindings::idem::handler::types::HandlerError> {
+            ) -> ::core::result::Result<
+                ::core::option::Option<::std::vec::Vec<u8>>,
+                $crate::__bindings::idem::handler::types::HandlerError,
+            > {
                 $crate::__private::run($f, msg)
             }
         }

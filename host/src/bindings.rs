@@ -9,3 +9,16 @@ wasmtime::component::bindgen!({
     imports: { default: async | trappable },
     exports: { default: async },
 });
+
+/// The first version of the world, `idem:handler@0.1.0` (`host/wit-0.1.0/`),
+/// whose `handle` returns no result. Components built against it still
+/// run: their imports are served by the current implementation
+/// (`capabilities::legacy`), and their outcome has no result.
+pub mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "wit-0.1.0",
+        world: "handler",
+        imports: { default: async | trappable },
+        exports: { default: async },
+    });
+}

@@ -69,7 +69,7 @@ def wait(n, timeout):
         r = AsyncResult(f"{PREFIX}-t-{i}", app=app)
         value = r.get(timeout=timeout)
         statuses[r.status] = statuses.get(r.status, 0) + 1
-        if value is not None:
+        if value != {"user": f"u{i}", "balance": i}:
             return {"error": f"task {i} returned {value!r}"}
     expired = AsyncResult(f"{PREFIX}-t-expired", app=app)
     try:
@@ -87,7 +87,16 @@ def mixed(n, timeout):
     sums = [r.get(timeout=timeout) for r in celery_side]
     idem = [r.get(timeout=timeout) for r in idem_side]
     return {"sums_ok": sums == [2 * i for i in range(n)], "idem": [r.status for r in idem_side].count("SUCCESS"),
-            "idem_values": sorted({repr(v) for v in idem})}
+            "idem_values_ok": idem == [{"user": f"mu{i}", "balance": i} for i in range(n)]}
+
+
+def natural(timeout):
+    """Two task ids carrying one business key (the first argument): the
+    second is a duplicate, answered with the result stored for the first."""
+    first = grant_credits.apply_async(args=["nk", "nu", 42], task_id=f"{PREFIX}-n-1", queue=IDEM_QUEUE)
+    value = first.get(timeout=timeout)
+    second = grant_credits.apply_async(args=["nk", "nu", 42], task_id=f"{PREFIX}-n-2", queue=IDEM_QUEUE)
+    return {"first": value, "second": second.get(timeout=timeout), "status": second.status}
 
 
 def malformed(timeout):
@@ -124,5 +133,5 @@ def malformed(timeout):
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
-    out = {"send": send, "wait": wait, "mixed": mixed, "malformed": malformed}[cmd](*args)
+    out = {"send": send, "wait": wait, "mixed": mixed, "natural": natural, "malformed": malformed}[cmd](*args)
     print(json.dumps(out), flush=True)

@@ -173,8 +173,8 @@ async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
     first.wait().unwrap();
     let third = spawn_idem(&config_path, &log(3));
 
-    // Every result as a Celery client reads it: None from the handler, and
-    // the expired task revoked.
+    // Every result as a Celery client reads it: the value the handler
+    // returned (the re-sent ones too), and the expired task revoked.
     let results = side.run(&["wait", "1000", "120"]).await;
     assert_eq!(results["statuses"], serde_json::json!({"SUCCESS": 1000}), "{results}");
     assert_eq!(results["expired"], "REVOKED");
@@ -224,8 +224,28 @@ async fn a_celery_worker_and_idem_share_one_broker() {
     celery.wait().unwrap();
     assert_eq!(out["sums_ok"], true, "the Celery worker answered its tasks: {out}");
     assert_eq!(out["idem"], 20, "Idem answered its tasks: {out}");
-    assert_eq!(out["idem_values"], serde_json::json!(["None"]));
+    assert_eq!(out["idem_values_ok"], true, "Idem's answers are the handler's values: {out}");
     assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 20);
+    pool.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_task_answers_with_the_result_stored_with_its_claim() {
+    let ns = unique_namespace("celery_natural");
+    let side = CelerySide::new(&ns);
+    let mut env = Env::new().await;
+    celery_config(&mut env, &ns, &side, false);
+    env.config.plugins.get_mut("celery-credits").unwrap().key_pointer = Some("/args/0".into());
+    let _cleanup = Cleanup(env.config.clone());
+    let pool = env.start().await;
+
+    let out = side.run(&["natural", "60"]).await;
+    let granted = serde_json::json!({"user": "nu", "balance": 42});
+    assert_eq!(out["first"], granted, "{out}");
+    assert_eq!(out["second"], granted, "{out}");
+    assert_eq!(out["status"], "SUCCESS");
+    let c = pool.counters.snapshot();
+    assert_eq!((c.executions, c.duplicates), (1, 1), "the second task did not run: {c:?}");
     pool.stop().await.unwrap();
 }
 
@@ -272,7 +292,7 @@ async fn celery_broker(ns: &str) -> idem_host::broker::celery::CeleryBroker {
         url: services::redis(),
         queues: vec![format!("{ns}:q")],
         tasks: HashMap::from([("t.h".to_string(), "h".to_string())]),
-        result_backend: None,
+        result_backend: Some(services::redis()),
         result_expires: Duration::from_secs(60),
         namespace: ns.to_string(),
     })
@@ -295,8 +315,8 @@ async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
     });
     let (one, two) = (celery_broker(&ns).await, celery_broker(&ns).await);
     let sent = [
-        envelope("a", "h", serde_json::json!({"args": [1], "kwargs": {}})),
-        envelope("b", "h", serde_json::json!({"args": [2], "kwargs": {}})),
+        envelope(&format!("{ns}-a"), "h", serde_json::json!({"args": [1], "kwargs": {}})),
+        envelope(&format!("{ns}-b"), "h", serde_json::json!({"args": [2], "kwargs": {}})),
     ];
     one.publish(&sent, Duration::ZERO).await.unwrap();
 
@@ -318,8 +338,21 @@ async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
     one.ack(&[&kept.receipt]).await.unwrap();
 
     // A retry comes back after its delay with Celery's retries header one
-    // higher; a hand-back (nack) does not count as a retry.
-    two.retry(&redelivered[0].receipt, Duration::from_millis(200)).await.unwrap();
+    // higher, and shows as RETRY in the result backend meanwhile; a
+    // hand-back (nack) does not count as a retry.
+    two.retry(&redelivered[0].receipt, Duration::from_millis(200), "timeout")
+        .await
+        .unwrap();
+    let meta: String = redis::cmd("GET")
+        .arg(format!("celery-task-meta-{}", redelivered[0].envelope.id))
+        .query_async(&mut brokers::redis_conn().await)
+        .await
+        .unwrap();
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(
+        (meta["status"].as_str(), &meta["result"]["exc_message"]),
+        (Some("RETRY"), &serde_json::json!(["timeout"]))
+    );
     let retried = brokers::fetch_until(&two, 10, Duration::from_secs(30), "the retried task").await;
     let header = |d: &idem_host::envelope::Delivery| {
         d.envelope

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use crate::common::plugin_dir;
+use crate::common::{drain, envelope, plugin, plugin_dir, Env};
 
 fn idem(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_idem")).args(args).output().expect("run idem");
@@ -18,7 +18,7 @@ fn plugin_check_accepts_an_example_plugin() {
     let path = plugin_dir().join("record_payment.wasm");
     let (ok, out, err) = idem(&["plugin", "check", path.to_str().unwrap()]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("idem:handler/store@0.1.0"), "{out}");
+    assert!(out.contains("idem:handler/store@0.2.0"), "{out}");
     assert!(out.contains("loads and exports `handle`"), "{out}");
     assert!(!out.contains("REFUSED"), "{out}");
 }
@@ -356,4 +356,40 @@ fn publishing_while_a_pool_creates_the_database_loses_nothing() {
     Command::new("kill").args(["-TERM", &run.id().to_string()]).status().unwrap();
     let status = run.wait().unwrap();
     assert!(status.success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_built_against_the_first_world_still_runs_without_a_result() {
+    let path = plugin_dir().join("legacy_grant_credits.wasm");
+    let (ok, out, err) = idem(&["plugin", "check", path.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("idem:handler/store@0.1.0"), "{out}");
+    assert!(
+        out.contains("loads and exports `handle` (idem:handler@0.1.0, which returns no result)"),
+        "{out}"
+    );
+
+    let mut env = Env::new().await;
+    env.config
+        .plugins
+        .insert("legacy".into(), plugin("legacy_grant_credits.wasm", &["credits"], &[], None));
+    let pool = env.start().await;
+    let grants: Vec<_> = (0..5)
+        .map(|i| {
+            envelope(
+                &format!("old-{i}"),
+                "legacy",
+                serde_json::json!({"user": format!("u{i}"), "balance": i}),
+            )
+        })
+        .collect();
+    pool.backends.broker.publish(&grants, std::time::Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let mut credits = pool.backends.data.scan("credits").await.unwrap();
+    credits.sort();
+    assert_eq!(credits.len(), 5);
+    assert_eq!(credits[3], ("u3".to_string(), b"3".to_vec()));
+    assert_eq!(pool.backends.claims.results(&[("legacy", "old-3")]).await.unwrap(), vec![None]);
+    assert_eq!(pool.counters.snapshot().done, 5);
+    pool.stop().await.unwrap();
 }

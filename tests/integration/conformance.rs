@@ -286,6 +286,53 @@ pub async fn claim_store_conformance(b: &Backends) {
     assert!(admin.dead_letter_get(k2.id).await.unwrap().is_none());
 }
 
+/// Results stored with confirmed claims, which duplicates answer with: an
+/// empty result stays apart from none, a stale confirm stores nothing, and
+/// claims not done have none.
+pub async fn results_conformance(b: &Backends) {
+    let claims = &b.claims;
+    let t0 = 1_800_000_000_000;
+    let (payload, hash) = (&b"{}"[..], payload_hash(b"{}"));
+    let keys = ["res-1", "res-2", "res-3", "res-4"];
+    let requests: Vec<ClaimRequest> = keys.iter().map(|k| request(k, &hash, payload, 3)).collect();
+    let refs: Vec<ClaimRef> = claims
+        .claim(&requests, t0)
+        .await
+        .unwrap()
+        .into_iter()
+        .zip(keys)
+        .map(|(o, key)| match o {
+            ClaimOutcome::Acquired { fence, .. } => ClaimRef {
+                plugin: "p".into(),
+                key: key.into(),
+                fence,
+            },
+            other => panic!("{key}: {other:?}"),
+        })
+        .collect();
+    let all: Vec<(&str, &str)> = keys.iter().map(|k| ("p", *k)).chain([("p", "res-none")]).collect();
+    assert_eq!(claims.results(&all).await.unwrap(), vec![None; 5], "running claims have no result");
+    let stale = ClaimRef {
+        fence: refs[2].fence + 1,
+        ..refs[2].clone()
+    };
+    let confirmed = claims
+        .confirm_with_results(
+            &[refs[0].clone(), refs[1].clone(), stale, refs[3].clone()],
+            &[Some(&b"{\"n\":1}"[..]), Some(&b""[..]), Some(&b"x"[..]), None],
+            t0 + 10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(confirmed, vec![true, true, false, true]);
+    assert_eq!(
+        claims.results(&all).await.unwrap(),
+        vec![Some(b"{\"n\":1}".to_vec()), Some(Vec::new()), None, None, None]
+    );
+    let out = claims.claim(&requests[..1], t0 + 20).await.unwrap();
+    assert_eq!(out, vec![ClaimOutcome::Done], "a confirmed claim is a duplicate");
+}
+
 pub async fn data_store_conformance(b: &Backends) {
     let d = &b.data;
     assert_eq!(d.insert_unique(None, "users", "u1", b"alice").await.unwrap(), Inserted::Inserted);
@@ -381,6 +428,7 @@ pub async fn batched_upserts_conformance(b: &Backends) {
 async fn sqlite_claim_store_conforms() {
     let (_dir, b) = sqlite().await;
     claim_store_conformance(&b).await;
+    results_conformance(&b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -455,6 +503,7 @@ fn url(kind: StoreKind) -> String {
 async fn postgres_claim_store_conforms() {
     let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
     claim_store_conformance(&s.backends).await;
+    results_conformance(&s.backends).await;
     s.cleanup().await;
 }
 
@@ -469,6 +518,7 @@ async fn postgres_data_store_conforms() {
 async fn redis_claim_store_with_postgres_data_conforms() {
     let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
     claim_store_conformance(&s.backends).await;
+    results_conformance(&s.backends).await;
     s.cleanup().await;
 }
 

@@ -198,6 +198,34 @@ async fn a_hostile_javascript_plugin_is_contained() {
     hostile_plugin_is_contained("hostile_js.wasm").await;
 }
 
+/// What a Python, JavaScript or Rust handler returns is stored with its
+/// claim when it is confirmed; a Rust handler returning `()` stores none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_in_every_language_return_results_stored_with_their_claims() {
+    let mut env = Env::new().await;
+    for (name, file) in [("py", "grant_credits_py.wasm"), ("js", "grant_credits_js.wasm")] {
+        env.config.plugins.insert(name.into(), plugin(file, &["credits"], &[], None));
+    }
+    let pool = env.start().await;
+    let grants: Vec<_> = ["py", "js", "grant-credits"]
+        .iter()
+        .map(|p| envelope(&format!("r-{p}"), p, serde_json::json!({"user": format!("u-{p}"), "balance": 7})))
+        .collect();
+    pool.backends.broker.publish(&grants, Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let results = pool
+        .backends
+        .claims
+        .results(&[("py", "r-py"), ("js", "r-js"), ("grant-credits", "r-grant-credits")])
+        .await
+        .unwrap();
+    let json = |r: &Option<Vec<u8>>| serde_json::from_slice::<serde_json::Value>(r.as_deref().expect("a result")).unwrap();
+    assert_eq!(json(&results[0]), serde_json::json!({"user": "u-py", "balance": 7}));
+    assert_eq!(json(&results[1]), serde_json::json!({"user": "u-js", "balance": 7}));
+    assert_eq!(results[2], None);
+    pool.stop().await.unwrap();
+}
+
 /// The Python SDK's own unit tests (guest-sdk/python/tests), under the
 /// machine's CPython with the generated bindings replaced by fakes.
 #[test]

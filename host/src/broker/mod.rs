@@ -115,10 +115,10 @@ pub trait Broker: Send + Sync + 'static {
         Semantics::default()
     }
     /// Give a delivery back for a retry of its message after `delay` (the
-    /// handler failed and will run again). Brokers whose producers count
-    /// retries (Celery's `retries` header) count it here; the default is a
-    /// plain `nack`.
-    async fn retry(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
+    /// handler failed with `reason` and will run again). Brokers whose
+    /// producers count retries (Celery's `retries` header and `RETRY`
+    /// state) record it here; the default is a plain `nack`.
+    async fn retry(&self, receipt: &str, delay: Duration, _reason: &str) -> Result<(), BrokerError> {
         self.nack(receipt, delay).await
     }
     /// Whether [`Broker::answer`] does anything: only then does the worker
@@ -147,12 +147,14 @@ pub struct Answer<'a> {
 /// What became of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict<'a> {
-    /// The handler succeeded and its effects are confirmed.
-    Done,
+    /// The handler succeeded and its effects are confirmed, with its
+    /// result if it returned one.
+    Done(Option<&'a [u8]>),
     /// Dead-lettered, for this reason.
     Failed(&'a str),
     /// A duplicate of a message settled before; `failed` if that one was
-    /// dead-lettered. Its first settling answered already, unless the
-    /// worker died before it could.
-    Duplicate { failed: bool },
+    /// dead-lettered, else with the result stored when it was confirmed.
+    /// Its first settling answered already, unless the worker died before
+    /// it could.
+    Duplicate { failed: bool, result: Option<&'a [u8]> },
 }

@@ -17,6 +17,7 @@
 //! execution stops where it is.
 
 pub mod effects;
+mod legacy;
 mod log;
 pub mod meter;
 mod store;
@@ -205,9 +206,11 @@ fn too_large(plugin: &PluginInfo, key: &str, value: &[u8]) -> Option<String> {
 }
 
 /// Add `idem:handler/{types,store,effects,log}` to a linker whose store
-/// state reaches an [`ExecutionCaps`] through `get`.
+/// state reaches an [`ExecutionCaps`] through `get`: version 0.2.0 and,
+/// for components built against it, 0.1.0.
 pub fn add_to_linker<T: Send + 'static>(linker: &mut Linker<T>, get: fn(&mut T) -> &mut ExecutionCaps) -> anyhow::Result<()> {
-    Handler::add_to_linker::<T, HasSelf<ExecutionCaps>>(linker, get).map_err(|e| anyhow::anyhow!("{e:#}"))
+    Handler::add_to_linker::<T, HasSelf<ExecutionCaps>>(linker, get).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    crate::bindings::v0_1::Handler::add_to_linker::<T, HasSelf<ExecutionCaps>>(linker, get).map_err(|e| anyhow::anyhow!("{e:#}"))
 }
 
 impl crate::bindings::idem::handler::types::Host for ExecutionCaps {}

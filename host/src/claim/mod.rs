@@ -176,7 +176,15 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Extend the leases of running claims; `false` where the fence is stale.
     async fn extend(&self, claims: &[ClaimRef], lease_ms: i64, now: i64) -> Result<Vec<bool>, ClaimError>;
     /// Mark claims done; `false` where the fence is stale (do not ack then).
-    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError>;
+    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
+        self.confirm_with_results(claims, &vec![None; claims.len()], now).await
+    }
+    /// [`ClaimStore::confirm`], storing with each claim its handler's
+    /// result (`results[i]` for `claims[i]`), which duplicates answer with.
+    async fn confirm_with_results(&self, claims: &[ClaimRef], results: &[Option<&[u8]>], now: i64) -> Result<Vec<bool>, ClaimError>;
+    /// The results stored with done claims, per `(plugin, key)`; `None`
+    /// where there is none (no claim, not done, or no result).
+    async fn results(&self, keys: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, ClaimError>;
     /// Give a claim back for a retry no earlier than `not_before`.
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError>;
     /// Record dead letters; for claimed messages, only if the fence is

@@ -232,16 +232,36 @@ impl ClaimStore for PgClaims {
         answered(claims, rows)
     }
 
-    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
+    async fn confirm_with_results(&self, claims: &[ClaimRef], results: &[Option<&[u8]>], now: i64) -> Result<Vec<bool>, ClaimError> {
         let (p, k, f) = arrays(claims);
         let rows = sqlx::query(include_str!("../../queries/postgres/claim_confirm.sql"))
             .bind(p)
             .bind(k)
             .bind(f)
             .bind(now)
+            .bind(results.iter().map(|r| r.map(<[u8]>::to_vec)).collect::<Vec<_>>())
             .fetch_all(&self.pool)
             .await?;
         answered(claims, rows)
+    }
+
+    async fn results(&self, keys: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, ClaimError> {
+        let rows = sqlx::query(include_str!("../../queries/postgres/claim_results.sql"))
+            .bind(keys.iter().map(|(p, _)| p.to_string()).collect::<Vec<_>>())
+            .bind(keys.iter().map(|(_, k)| k.to_string()).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await?;
+        let mut found = std::collections::HashMap::new();
+        for r in rows {
+            found.insert(
+                (r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?),
+                r.try_get::<Option<Vec<u8>>, _>(2)?,
+            );
+        }
+        Ok(keys
+            .iter()
+            .map(|(p, k)| found.get(&(p.to_string(), k.to_string())).cloned().flatten())
+            .collect())
     }
 
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {

@@ -187,19 +187,41 @@ impl ClaimStore for RedisClaims {
         Ok(answer.into_iter().map(|x| x == 1).collect())
     }
 
-    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
+    async fn confirm_with_results(&self, claims: &[ClaimRef], results: &[Option<&[u8]>], now: i64) -> Result<Vec<bool>, ClaimError> {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
         let mut inv = self.confirm.prepare_invoke();
         inv.key(self.counts_key()).arg(now);
-        for c in claims {
-            inv.key(self.claim_key(&c.plugin, &c.key)).arg(c.fence);
+        for (c, result) in claims.iter().zip(results) {
+            // A result is stored with a leading byte, so an empty result
+            // and none stay apart.
+            let stored = result.map(|r| [b"=", r].concat()).unwrap_or_default();
+            inv.key(self.claim_key(&c.plugin, &c.key)).arg(c.fence).arg(stored);
         }
         inv.key(self.settled_key());
         let mut conn = self.conn.clone();
         let answer: Vec<i64> = inv.invoke_async(&mut conn).await?;
         Ok(answer.into_iter().map(|x| x == 1).collect())
+    }
+
+    async fn results(&self, keys: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, ClaimError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (plugin, key) in keys {
+            pipe.cmd("HMGET").arg(self.claim_key(plugin, key)).arg("state").arg("result");
+        }
+        let mut conn = self.conn.clone();
+        let rows: Vec<(Option<String>, Option<Vec<u8>>)> = pipe.query_async(&mut conn).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(state, result)| match (state.as_deref(), result) {
+                (Some("done"), Some(r)) if r.first() == Some(&b'=') => Some(r[1..].to_vec()),
+                _ => None,
+            })
+            .collect())
     }
 
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {

@@ -219,20 +219,34 @@ impl ClaimStore for SqliteClaims {
         Ok(out)
     }
 
-    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
+    async fn confirm_with_results(&self, claims: &[ClaimRef], results: &[Option<&[u8]>], now: i64) -> Result<Vec<bool>, ClaimError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut out = Vec::with_capacity(claims.len());
-        for c in claims {
+        for (c, result) in claims.iter().zip(results) {
             let r = sqlx::query(include_str!("../../queries/sqlite/claim_confirm.sql"))
                 .bind(&c.plugin)
                 .bind(&c.key)
                 .bind(c.fence)
                 .bind(now)
+                .bind(*result)
                 .execute(&mut *tx)
                 .await?;
             out.push(r.rows_affected() == 1);
         }
         tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn results(&self, keys: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, ClaimError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for (plugin, key) in keys {
+            let result: Option<Option<Vec<u8>>> = sqlx::query_scalar(include_str!("../../queries/sqlite/claim_result.sql"))
+                .bind(plugin)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?;
+            out.push(result.flatten());
+        }
         Ok(out)
     }
 

@@ -14,8 +14,8 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::Outcome;
-use crate::bindings::idem::handler::types::HandlerError;
-use crate::bindings::HandlerPre;
+use crate::bindings::idem::handler::types::{HandlerError, Message};
+use crate::bindings::{v0_1, HandlerPre};
 use crate::capabilities::meter::{GuestMeter, Metered};
 use crate::capabilities::{Capabilities, Execution, ExecutionCaps, HostAbort};
 use crate::plugin::PluginInfo;
@@ -26,6 +26,77 @@ const STDIO_CAPACITY: usize = 64 * 1024;
 
 /// Handler-supplied error text is kept to 4 KiB.
 const MAX_ERROR_BYTES: usize = 4096;
+
+/// A component pre-linked against the world version it was built for.
+pub(super) enum Pre {
+    /// `idem:handler@0.2.0`: `handle` may return a result.
+    Current(HandlerPre<HostState>),
+    /// `idem:handler@0.1.0`: `handle` returns nothing.
+    V0_1(v0_1::HandlerPre<HostState>),
+}
+
+impl Pre {
+    /// The pre-linked component as the world it exports `handle` for.
+    pub(super) fn new(pre: wasmtime::component::InstancePre<HostState>) -> wasmtime::Result<Self> {
+        match HandlerPre::new(pre.clone()) {
+            Ok(current) => Ok(Pre::Current(current)),
+            Err(e) => v0_1::HandlerPre::new(pre).map(Pre::V0_1).map_err(|_| e),
+        }
+    }
+
+    /// The world's version, as `idem plugin check` shows it.
+    pub(super) fn world(&self) -> &'static str {
+        match self {
+            Pre::Current(_) => "idem:handler@0.2.0",
+            Pre::V0_1(_) => "idem:handler@0.1.0",
+        }
+    }
+
+    /// Instantiate into `store` and call `handle`. The outer error is the
+    /// instantiation's, the middle one the call's (a trap).
+    async fn call(
+        &self,
+        store: &mut Store<HostState>,
+        meter: &Arc<GuestMeter>,
+        timeout: Duration,
+        msg: Message,
+    ) -> Result<Result<Result<Option<Vec<u8>>, HandlerError>, Called>, wasmtime::Error> {
+        macro_rules! run {
+            ($pre:expr, $msg:expr, $map:expr) => {{
+                let instance = Metered::new(meter.clone(), $pre.instantiate_async(&mut *store)).await?;
+                let call = Metered::new(meter.clone(), instance.call_handle(&mut *store, &$msg));
+                Ok(match tokio::time::timeout(timeout, call).await {
+                    Ok(Ok(r)) => Ok($map(r)),
+                    Ok(Err(e)) => Err(Called::Trap(e)),
+                    Err(_) => Err(Called::Timeout),
+                })
+            }};
+        }
+        match self {
+            Pre::Current(pre) => run!(pre, msg, |r| r),
+            Pre::V0_1(pre) => {
+                use v0_1::idem::handler::types as old;
+                let msg = old::Message {
+                    id: msg.id,
+                    key: msg.key,
+                    attempt: msg.attempt,
+                    headers: msg.headers,
+                    payload: msg.payload,
+                };
+                run!(pre, msg, |r: Result<(), old::HandlerError>| r.map(|()| None).map_err(|e| match e {
+                    old::HandlerError::Transient(m) => HandlerError::Transient(m),
+                    old::HandlerError::Permanent(m) => HandlerError::Permanent(m),
+                }))
+            }
+        }
+    }
+}
+
+/// How a call that did not return ended.
+enum Called {
+    Trap(wasmtime::Error),
+    Timeout,
+}
 
 /// Per-store state: WASI plumbing, limits and the execution's capabilities.
 pub struct HostState {
@@ -101,13 +172,7 @@ impl wasmtime_wasi::HostWallClock for FrozenClock {
 }
 
 /// Run one message through a pre-linked component in a fresh store.
-pub(super) async fn run(
-    engine: &Engine,
-    pre: &HandlerPre<HostState>,
-    shared: &Arc<Capabilities>,
-    plugin: &Arc<PluginInfo>,
-    exec: Execution,
-) -> Outcome {
+pub(super) async fn run(engine: &Engine, pre: &Pre, shared: &Arc<Capabilities>, plugin: &Arc<PluginInfo>, exec: Execution) -> Outcome {
     let limits = &plugin.limits;
     let stdout = MemoryOutputPipe::new(STDIO_CAPACITY);
     let stderr = MemoryOutputPipe::new(STDIO_CAPACITY);
@@ -150,23 +215,20 @@ pub(super) async fn run(
         Ok(UpdateDeadline::Yield(1))
     });
 
-    let instance = match Metered::new(meter.clone(), pre.instantiate_async(&mut store)).await {
-        Ok(i) => i,
-        Err(e) if e.downcast_ref::<wasmtime::Trap>().is_none() && store.data().caps.abort().is_none() => {
-            return Outcome::HostError(format!("cannot instantiate plugin {}: {e:#}", plugin.name));
-        }
-        Err(e) => return classify_trap(e, store.data(), &stderr),
-    };
     let timeout = Duration::from_millis(limits.timeout_ms);
-    let call = Metered::new(meter, instance.call_handle(&mut store, &msg));
-    let result = match tokio::time::timeout(timeout, call).await {
-        Ok(r) => r,
-        Err(_) => {
+    let result = match pre.call(&mut store, &meter, timeout, msg).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(Called::Trap(e))) => Err(e),
+        Ok(Err(Called::Timeout)) => {
             return Outcome::Trapped(format!(
                 "timeout: the execution ran longer than limits.timeout_ms = {} (guest time plus host calls)",
                 limits.timeout_ms
             ))
         }
+        Err(e) if e.downcast_ref::<wasmtime::Trap>().is_none() && store.data().caps.abort().is_none() => {
+            return Outcome::HostError(format!("cannot instantiate plugin {}: {e:#}", plugin.name));
+        }
+        Err(e) => return classify_trap(e, store.data(), &stderr),
     };
     let state = store.data();
     if state.caps.log_dropped() > 0 {
@@ -184,7 +246,12 @@ pub(super) async fn run(
             ),
             MAX_ERROR_BYTES,
         )),
-        Ok(Ok(())) => Outcome::Done,
+        Ok(Ok(Some(result))) if result.len() > state.caps.plugin().limits.max_value_bytes => Outcome::Permanent(format!(
+            "the handler's result of {} bytes exceeds limits.max_value_bytes = {}",
+            result.len(),
+            state.caps.plugin().limits.max_value_bytes
+        )),
+        Ok(Ok(result)) => Outcome::Done(result),
         Ok(Err(HandlerError::Transient(m))) => Outcome::Transient(truncate_utf8(m, MAX_ERROR_BYTES)),
         Ok(Err(HandlerError::Permanent(m))) => Outcome::Permanent(truncate_utf8(m, MAX_ERROR_BYTES)),
         Err(err) => classify_trap(err, state, &stderr),

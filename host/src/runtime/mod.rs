@@ -23,12 +23,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config as WasmConfig, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::bindings::HandlerPre;
 use crate::capabilities::{Capabilities, Execution, Grants};
 use crate::config::Limits;
 use crate::plugin::{version_of, PluginInfo};
 use footprint::{Capacity, Footprint};
 pub use instance::HostState;
+use instance::Pre;
 pub use world::{component_imports, import_allowed};
 
 /// How often the epoch advances: the granularity of CPU deadlines and of
@@ -49,11 +49,22 @@ impl Deref for Plugin {
     }
 }
 
+impl Plugin {
+    /// The version of the `idem:handler` world the plugin was built against
+    /// (`native` for handlers compiled into the host).
+    pub fn world(&self) -> &'static str {
+        match &self.code {
+            Code::Wasm(pre, _) => pre.world(),
+            Code::Native(_) => "native",
+        }
+    }
+}
+
 /// How a plugin's handler runs.
 enum Code {
     /// A WebAssembly component, pre-linked: a fresh instance per message,
     /// which takes this much of the pool.
-    Wasm(HandlerPre<HostState>, Footprint),
+    Wasm(Pre, Footprint),
     /// A handler compiled into the host: the native baseline of the
     /// benchmarks, with the same capabilities and no sandbox.
     Native(Arc<dyn native::NativeHandler>),
@@ -71,8 +82,9 @@ impl std::fmt::Debug for Plugin {
 /// How an execution ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The handler returned `ok`.
-    Done,
+    /// The handler returned `ok`, with the message's result if it gave
+    /// one (always `None` from a component of `idem:handler@0.1.0`).
+    Done(Option<Vec<u8>>),
     /// The handler returned a transient error.
     Transient(String),
     /// The handler returned a permanent error.
@@ -261,7 +273,7 @@ impl Runtime {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| anyhow!("plugin {name} cannot be linked: {e:#}"))?;
-        let pre = HandlerPre::new(pre).map_err(|e| {
+        let pre = Pre::new(pre).map_err(|e| {
             anyhow!("plugin {name} does not export the idem:handler world's `handle` function ({e:#}); export it with idem_sdk::handler!")
         })?;
         if limits.memory_bytes < (2 << 20) {

@@ -66,7 +66,7 @@ pub(super) async fn execute(handler: &dyn NativeHandler, shared: &Arc<Capabiliti
         return Outcome::FenceLost;
     }
     match result {
-        Ok(()) => Outcome::Done,
+        Ok(()) => Outcome::Done(None),
         Err(HandlerError::Transient(m)) => Outcome::Transient(m),
         Err(HandlerError::Permanent(m)) => Outcome::Permanent(m),
     }

@@ -70,8 +70,12 @@ impl ClaimStore for TokenFenced {
         self.claims.extend(claims, lease_ms, now).await
     }
 
-    async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
-        self.claims.confirm(claims, now).await
+    async fn confirm_with_results(&self, claims: &[ClaimRef], results: &[Option<&[u8]>], now: i64) -> Result<Vec<bool>, ClaimError> {
+        self.claims.confirm_with_results(claims, results, now).await
+    }
+
+    async fn results(&self, keys: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, ClaimError> {
+        self.claims.results(keys).await
     }
 
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {

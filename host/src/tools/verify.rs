@@ -454,7 +454,8 @@ fn show(v: Option<&Vec<u8>>) -> String {
 
 fn describe(o: &Outcome) -> String {
     match o {
-        Outcome::Done => "ok".into(),
+        Outcome::Done(None) => "ok".into(),
+        Outcome::Done(Some(r)) => format!("ok, returning {}", crate::envelope::printable(&String::from_utf8_lossy(r), 200)),
         Outcome::Transient(m) => format!("with a transient error ({m})"),
         Outcome::Permanent(m) => format!("with a permanent error ({m})"),
         Outcome::Trapped(m) => format!("trapped ({m})"),

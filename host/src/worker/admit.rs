@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::heartbeat::Registered;
+use super::validate::check;
 use super::Worker;
 use crate::broker::{self, Verdict};
 use crate::claim::{ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::OutagePolicy;
-use crate::envelope::{check_key, derive_key, payload_hash, printable, Delivery, Envelope, MAX_KEY_BYTES};
+use crate::envelope::{payload_hash, printable, Delivery, Envelope, MAX_KEY_BYTES};
 use crate::plugin::PluginInfo;
 use crate::runtime::Plugin;
 use crate::stats::Counters;
@@ -88,41 +89,6 @@ pub(super) fn answer(outcome: ClaimOutcome, busy_retry: Duration) -> Answer {
         ClaimOutcome::Exhausted { attempts, .. } => Answer::Ack(Settled::Exhausted(attempts)),
         ClaimOutcome::Busy { retry_after_ms } => Answer::Redeliver(Duration::from_millis(retry_after_ms.max(1) as u64).min(busy_retry)),
     }
-}
-
-/// Check a delivery against the plugin its envelope names (`None` if no
-/// such plugin is loaded; `loaded` lists those that are) and derive its
-/// key. The error is the dead letter's reason.
-pub(super) fn check(d: &Delivery, plugin: Option<&PluginInfo>, loaded: impl FnOnce() -> Vec<String>) -> Result<String, String> {
-    if let Some(reason) = &d.refused {
-        return Err(reason.clone());
-    }
-    let e = &d.envelope;
-    if e.handler.is_empty() {
-        return Err(format!(
-            "malformed envelope: the delivery names no handler (message id {:?}); publish with `idem publish` or set the idem handler header/field",
-            e.id
-        ));
-    }
-    let Some(plugin) = plugin else {
-        return Err(format!(
-            "unknown handler {:?}: no plugin of that name is loaded (loaded: {}); publish to one of them or add it under [plugins]",
-            e.handler,
-            loaded().join(", ")
-        ));
-    };
-    if e.payload.len() > plugin.limits.max_payload_bytes {
-        return Err(format!(
-            "payload of {} bytes exceeds limits.max_payload_bytes = {} of plugin {}",
-            e.payload.len(),
-            plugin.limits.max_payload_bytes,
-            plugin.name
-        ));
-    }
-    check_key("message id", &e.id)?;
-    let key = derive_key(e, plugin.key_pointer.as_deref())?;
-    check_key("idempotency key", &key)?;
-    Ok(key)
 }
 
 /// What admitting a batch gave.
@@ -271,7 +237,7 @@ impl Worker {
                         Settled::Duplicate { failed } => {
                             Counters::inc(&c.duplicates);
                             tracing::debug!(%msg_id, %key, "duplicate delivery of a settled message; acking");
-                            Verdict::Duplicate { failed }
+                            Verdict::Duplicate { failed, result: None }
                         }
                         Settled::Conflict => {
                             Counters::inc(&c.conflicts);
@@ -294,12 +260,25 @@ impl Worker {
                 }
             }
         }
+        let keys: Vec<(&str, &str)> = acks
+            .iter()
+            .filter(|(_, v)| matches!(v, Verdict::Duplicate { failed: false, .. }))
+            .map(|(k, _)| (k.plugin.name.as_str(), k.key.as_str()))
+            .collect();
+        let results = self.stored_results(&keys).await;
+        let mut results = results.iter();
         self.answer_and_ack(
             acks.iter()
                 .map(|(k, verdict)| broker::Answer {
                     receipt: &k.receipt,
                     msg_id: &k.envelope.id,
-                    verdict: *verdict,
+                    verdict: match verdict {
+                        Verdict::Duplicate { failed: false, .. } => Verdict::Duplicate {
+                            failed: false,
+                            result: results.next().and_then(|r| r.as_deref()),
+                        },
+                        other => *other,
+                    },
                 })
                 .collect(),
         )
@@ -420,12 +399,12 @@ fn runs_unguarded(policy: OutagePolicy, plugin: &PluginInfo) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::capabilities::Grants;
     use crate::config::Limits;
 
-    fn plugin(key_pointer: Option<&str>, endpoints: &[&str]) -> PluginInfo {
+    pub(in crate::worker) fn plugin(key_pointer: Option<&str>, endpoints: &[&str]) -> PluginInfo {
         PluginInfo {
             name: "p".into(),
             version: "v".into(),
@@ -438,71 +417,6 @@ mod tests {
             imports: Vec::new(),
             loaded_at: 0,
         }
-    }
-
-    fn envelope(id: &str, handler: &str, payload: &str) -> Delivery {
-        Delivery {
-            envelope: Envelope {
-                id: id.into(),
-                handler: handler.into(),
-                headers: Vec::new(),
-                payload: payload.as_bytes().to_vec(),
-            },
-            receipt: "r".into(),
-            delivery_count: 1,
-            refused: None,
-        }
-    }
-
-    #[test]
-    fn a_delivery_the_broker_refused_is_dead_lettered_with_its_reason() {
-        let mut d = envelope("m1", "p", "{}");
-        d.refused = Some("Celery message protocol 1 is not supported".into());
-        assert_eq!(check(&d, None, loaded), Err("Celery message protocol 1 is not supported".into()));
-    }
-
-    fn loaded() -> Vec<String> {
-        vec!["p".into(), "q".into()]
-    }
-
-    #[test]
-    fn a_valid_delivery_gets_its_key() {
-        assert_eq!(check(&envelope("m1", "p", "{}"), Some(&plugin(None, &[])), loaded), Ok("m1".into()));
-        let natural = plugin(Some("/order"), &[]);
-        assert_eq!(
-            check(&envelope("m1", "p", r#"{"order":"o-7"}"#), Some(&natural), loaded),
-            Ok("o-7".into())
-        );
-    }
-
-    #[test]
-    fn bad_input_is_refused_with_a_reason_that_says_what_to_do() {
-        let p = plugin(None, &[]);
-        let no_handler = check(&envelope("m1", "", "{}"), None, loaded).unwrap_err();
-        assert!(no_handler.contains("names no handler"), "{no_handler}");
-        let unknown = check(&envelope("m1", "x", "{}"), None, loaded).unwrap_err();
-        assert!(
-            unknown.contains("unknown handler \"x\"") && unknown.contains("loaded: p, q"),
-            "{unknown}"
-        );
-        let big = check(&envelope("m1", "p", &"x".repeat(33)), Some(&p), loaded).unwrap_err();
-        assert!(big.contains("33 bytes exceeds limits.max_payload_bytes = 32"), "{big}");
-        assert_eq!(check(&envelope("", "p", "{}"), Some(&p), loaded), Err("message id is empty".into()));
-        let nul_key = check(
-            &envelope("m1", "p", r#"{"order":"a\u0000b"}"#),
-            Some(&plugin(Some("/order"), &[])),
-            loaded,
-        );
-        let nul_key = nul_key.unwrap_err();
-        assert!(
-            nul_key.starts_with(r#"idempotency key "a\\u{0}b" contains the control character U+0000"#),
-            "{nul_key}"
-        );
-        let long_id = check(&envelope(&"m".repeat(MAX_KEY_BYTES + 1), "p", "{}"), Some(&p), loaded).unwrap_err();
-        assert!(long_id.starts_with("message id is 513 bytes long"), "{long_id}");
-        let natural = plugin(Some("/order"), &[]);
-        let keyless = check(&envelope("m1", "p", "{}"), Some(&natural), loaded).unwrap_err();
-        assert!(keyless.contains("no value at /order"), "{keyless}");
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub(super) struct AwaitingConfirm {
     pub receipt: String,
     /// The message (its id answers the producer).
     pub envelope: Arc<Envelope>,
+    /// The handler's result, stored with the claim.
+    pub result: Option<Vec<u8>>,
     /// Whether the `on_done` hook wants the message after the ack.
     pub hook: bool,
     /// Keeps the lease extended until the confirm: a finished execution
@@ -88,7 +90,13 @@ impl Worker {
     async fn confirm_batch(&self, items: Vec<AwaitingConfirm>) {
         let c = &self.counters;
         let claims: Vec<ClaimRef> = items.iter().map(|s| s.claim.clone()).collect();
-        match self.backends.claims.confirm(&claims, self.backends.clock.now_ms()).await {
+        let results: Vec<Option<&[u8]>> = items.iter().map(|s| s.result.as_deref()).collect();
+        match self
+            .backends
+            .claims
+            .confirm_with_results(&claims, &results, self.backends.clock.now_ms())
+            .await
+        {
             Ok(confirmed) => {
                 let mut done = Vec::with_capacity(items.len());
                 for (item, ok) in items.iter().zip(confirmed) {
@@ -107,7 +115,7 @@ impl Worker {
                         .map(|i| Answer {
                             receipt: &i.receipt,
                             msg_id: &i.envelope.id,
-                            verdict: Verdict::Done,
+                            verdict: Verdict::Done(i.result.as_deref()),
                         })
                         .collect(),
                 )

@@ -21,6 +21,7 @@ mod heartbeat;
 pub mod retry;
 mod run;
 mod settle;
+mod validate;
 
 use std::sync::Arc;
 use std::time::Duration;

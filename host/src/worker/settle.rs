@@ -21,8 +21,8 @@ use crate::stats::Counters;
 /// What happens to a claimed message after its execution.
 #[derive(Debug, PartialEq)]
 pub(super) enum Settlement {
-    /// Done: confirm the claim, then ack.
-    Confirm,
+    /// Done: confirm the claim (storing the handler's result), then ack.
+    Confirm(Option<Vec<u8>>),
     /// No retry left or none would help: dead-letter with this reason, then ack.
     DeadLetter(String),
     /// Release the claim for a retry due at `not_before`, and redeliver
@@ -48,7 +48,7 @@ pub(super) enum Settlement {
 /// are injected so the rule is a pure function.
 pub(super) fn settlement(outcome: Outcome, attempt: u32, traps: u32, policy: &RetryConfig, now: i64, unit: f64) -> Settlement {
     let (reason, trapped) = match outcome {
-        Outcome::Done => return Settlement::Confirm,
+        Outcome::Done(result) => return Settlement::Confirm(result),
         Outcome::Permanent(reason) => return Settlement::DeadLetter(format!("permanent error: {reason}")),
         Outcome::FenceLost => return Settlement::HandBack,
         Outcome::Crashed => return Settlement::Abandon,
@@ -81,13 +81,13 @@ impl Worker {
         let Some(claim) = a.claim.clone() else {
             // Unguarded run (claim store down): ack only a success.
             match outcome {
-                Outcome::Done => {
+                Outcome::Done(result) => {
                     Counters::inc(&c.done);
                     let k = &a.candidate;
                     self.answer_and_ack(vec![Answer {
                         receipt: &k.receipt,
                         msg_id: &k.envelope.id,
-                        verdict: Verdict::Done,
+                        verdict: Verdict::Done(result.as_deref()),
                     }])
                     .await;
                 }
@@ -112,13 +112,14 @@ impl Worker {
             self.backends.clock.now_ms(),
             rand::random::<f64>(),
         ) {
-            Settlement::Confirm => {
+            Settlement::Confirm(result) => {
                 let hook = self.caps.hooks.on_done.is_some();
                 let k = a.candidate;
                 let waiting = AwaitingConfirm {
                     claim,
                     receipt: k.receipt,
                     envelope: k.envelope,
+                    result,
                     hook,
                     _held: a.held,
                 };
@@ -151,7 +152,7 @@ impl Worker {
             Ok(true) => {
                 Counters::inc(&self.counters.retries);
                 tracing::info!(?delay, %reason, "retrying later");
-                if let Err(e) = self.backends.broker.retry(receipt, delay).await {
+                if let Err(e) = self.backends.broker.retry(receipt, delay, reason).await {
                     tracing::warn!(error = %e, "giving the delivery back failed; it becomes visible when its visibility timeout ends");
                 }
             }
@@ -223,6 +224,19 @@ impl Worker {
         self.ack(answers.iter().map(|a| a.receipt).collect()).await;
     }
 
+    /// The results stored with these done claims, for a broker that answers
+    /// duplicates with them (one round trip; none asked otherwise). A
+    /// result that cannot be read is answered as none, with a warning.
+    pub(super) async fn stored_results(&self, keys: &[(&str, &str)]) -> Vec<Option<Vec<u8>>> {
+        if keys.is_empty() || !self.backends.broker.answers() {
+            return vec![None; keys.len()];
+        }
+        self.backends.claims.results(keys).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the stored results of duplicates; answering them without one");
+            vec![None; keys.len()]
+        })
+    }
+
     /// Ack settled deliveries (one round trip).
     pub(super) async fn ack(&self, receipts: Vec<&str>) {
         if receipts.is_empty() {
@@ -276,7 +290,11 @@ mod tests {
 
     #[test]
     fn done_confirms_whatever_the_attempt() {
-        assert_eq!(settle(Outcome::Done, 3, 1), Settlement::Confirm);
+        assert_eq!(settle(Outcome::Done(None), 3, 1), Settlement::Confirm(None));
+        assert_eq!(
+            settle(Outcome::Done(Some(b"7".to_vec())), 1, 0),
+            Settlement::Confirm(Some(b"7".to_vec()))
+        );
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! with a Python function.
 //!
 //! The Celery version guards itself with a claim in Redis; here the host's
-//! claim does that, and the upsert is an absolute assignment anyway.
+//! claim does that, and the upsert is an absolute assignment anyway. It
+//! returns the balance it set, which `AsyncResult(id).get()` reads.
 
-use idem_sdk::{permanent, store, Message, Result};
+use idem_sdk::{permanent, store, Json, Message, Result};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -29,7 +30,14 @@ impl Call {
     }
 }
 
-fn handle(msg: Message) -> Result<()> {
+/// The task's return value.
+#[derive(serde::Serialize)]
+struct Granted {
+    user: String,
+    balance: u64,
+}
+
+fn handle(msg: Message) -> Result<Json<Granted>> {
     let call: Call = msg.json()?;
     let user = call
         .arg(1, "user")?
@@ -41,7 +49,10 @@ fn handle(msg: Message) -> Result<()> {
         .ok_or_else(|| permanent("grant_credits(): balance must be a non-negative integer"))?;
     call.arg(0, "key")?;
     store::collection("credits").upsert(user, &balance)?;
-    Ok(())
+    Ok(Json(Granted {
+        user: user.to_string(),
+        balance,
+    }))
 }
 
 idem_sdk::handler!(handle);

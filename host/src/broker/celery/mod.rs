@@ -299,7 +299,7 @@ impl Broker for CeleryBroker {
         self.settle(&[b"defer", tag.as_bytes(), due.as_bytes(), b"", b"0"]).await.map(drop)
     }
 
-    async fn retry(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
+    async fn retry(&self, receipt: &str, delay: Duration, reason: &str) -> Result<(), BrokerError> {
         let (tag, _) = parse_receipt(receipt)?;
         let held: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(&self.keys[0])
@@ -317,9 +317,20 @@ impl Broker for CeleryBroker {
         };
         let bumped = wire::with_retry(envelope);
         let due = (now_ms() + delay.as_millis() as i64).to_string();
-        self.settle(&[b"defer", tag.as_bytes(), due.as_bytes(), &bumped, b"0"])
-            .await
-            .map(drop)
+        let held = self.settle(&[b"defer", tag.as_bytes(), due.as_bytes(), &bumped, b"0"]).await?;
+        // As a Celery worker's retry does: the task shows RETRY (not a final
+        // state, so a waiting get() keeps waiting) until it ends.
+        if let (1, Some(results), Ok(task)) = (held, &self.results, wire::decode(envelope)) {
+            let retry = Report {
+                task_id: &task.id,
+                status: Status::Retry(reason),
+                only_if_absent: false,
+            };
+            if let Err(e) = results.write(&[retry], now_ms()).await {
+                tracing::warn!(error = %e, task = %task.id, "cannot record the RETRY state of a Celery task; its retry is queued");
+            }
+        }
+        Ok(())
     }
 
     async fn extend(&self, receipts: &[&str], visibility: Duration) -> Result<(), BrokerError> {
@@ -361,11 +372,11 @@ impl Broker for CeleryBroker {
             .map(|a| {
                 let expired = parse_receipt(a.receipt).is_ok_and(|(_, e)| e);
                 let (status, only_if_absent) = match a.verdict {
-                    Verdict::Done => (Status::Success(None), false),
+                    Verdict::Done(result) => (Status::Success(result), false),
                     Verdict::Failed(reason) if expired => (Status::Revoked(reason), false),
                     Verdict::Failed(reason) => (Status::Failure(reason), false),
-                    Verdict::Duplicate { failed: false } => (Status::Success(None), true),
-                    Verdict::Duplicate { failed: true } => (
+                    Verdict::Duplicate { failed: false, result } => (Status::Success(result), true),
+                    Verdict::Duplicate { failed: true, .. } => (
                         Status::Failure("dead-lettered by an earlier delivery of this task; see idem dlq"),
                         true,
                     ),

@@ -23,6 +23,8 @@ pub enum Status<'a> {
     Failure(&'a str),
     /// `REVOKED`: dropped unrun (expired), with the reason.
     Revoked(&'a str),
+    /// `RETRY`: failed, will run again; with the error.
+    Retry(&'a str),
 }
 
 /// One result to write.
@@ -97,6 +99,11 @@ fn meta(r: &Report<'_>, now_ms: i64) -> String {
             "REVOKED",
             failure("TaskRevokedError", json!("celery.exceptions"), reason),
             Value::Null,
+        ),
+        Status::Retry(reason) => (
+            "RETRY",
+            failure("IdemTransientError", Value::Null, reason),
+            Value::String(format!("retried by Idem: {reason}\n")),
         ),
     };
     json!({

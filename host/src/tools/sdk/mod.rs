@@ -331,8 +331,9 @@ pub struct CheckReport {
     pub bytes: usize,
     /// Each import and whether Idem allows it.
     pub imports: Vec<(String, bool)>,
-    /// The version Idem gives it, or why it does not load.
-    pub loaded: Result<String, String>,
+    /// The version Idem gives it and the world it was built against, or
+    /// why it does not load.
+    pub loaded: Result<(String, &'static str), String>,
 }
 
 /// Compile `file` as Idem would load it and list its imports.
@@ -357,7 +358,7 @@ pub fn check(file: &Path) -> Result<CheckReport> {
     let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").replace('_', "-");
     let loaded = runtime
         .compile_blocking(&name, &bytes, Grants::default(), Default::default(), None)
-        .map(|p| p.version.to_string())
+        .map(|p| (p.version.to_string(), p.world()))
         .map_err(|e| format!("{e:#}"));
     Ok(CheckReport {
         bytes: bytes.len(),
@@ -375,8 +376,13 @@ impl CheckReport {
             println!("  {} {i}", if *ok { "ok     " } else { "REFUSED" });
         }
         match &self.loaded {
-            Ok(version) => {
-                println!("version {version}: loads and exports `handle`");
+            Ok((version, world)) => {
+                let note = if *world == "idem:handler@0.1.0" {
+                    ", which returns no result"
+                } else {
+                    ""
+                };
+                println!("version {version}: loads and exports `handle` ({world}{note})");
                 true
             }
             Err(e) => {
