@@ -86,10 +86,14 @@ impl CelerySide {
     }
 }
 
-/// The test environment with the celery broker on Idem's queue and the
-/// grant_credits port serving its task.
-fn celery_config(env: &mut Env, ns: &str, side: &CelerySide, postgres: bool) {
-    env.config.namespace = ns.to_string();
+/// A test's Celery side and environment: the celery broker on Idem's
+/// queue, the grant_credits port serving its task, claims and data in
+/// Postgres or SQLite; and what deletes its keys afterwards.
+async fn celery_env(tag: &str, postgres: bool) -> (CelerySide, Env, Cleanup) {
+    let ns = unique_namespace(tag);
+    let side = CelerySide::new(&ns);
+    let mut env = Env::new().await;
+    env.config.namespace = ns.clone();
     env.config.broker = BrokerConfig {
         kind: BrokerKind::Celery,
         url: Some(services::redis()),
@@ -109,6 +113,8 @@ fn celery_config(env: &mut Env, ns: &str, side: &CelerySide, postgres: bool) {
     let mut credits = plugin("celery_grant_credits.wasm", &["credits"], &[], None);
     credits.celery_task = Some(TASK.into());
     env.config.plugins.insert("celery-credits".into(), credits);
+    let cleanup = Cleanup(env.config.clone());
+    (side, env, cleanup)
 }
 
 /// Deletes the test's keys, results and schema, even when it fails.
@@ -148,11 +154,7 @@ fn spawn_idem(config: &Path, log: &Path) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
-    let ns = unique_namespace("celery");
-    let side = CelerySide::new(&ns);
-    let mut env = Env::new().await;
-    celery_config(&mut env, &ns, &side, true);
-    let _cleanup = Cleanup(env.config.clone());
+    let (side, env, _cleanup) = celery_env("celery", true).await;
     let config_path = env.dir.path().join("idem.toml");
     std::fs::write(&config_path, toml::to_string(&env.config).unwrap()).unwrap();
     let backends = idem_host::backend::open(&env.config).await.unwrap();
@@ -211,11 +213,7 @@ async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_celery_worker_and_idem_share_one_broker() {
-    let ns = unique_namespace("celery_mixed");
-    let side = CelerySide::new(&ns);
-    let mut env = Env::new().await;
-    celery_config(&mut env, &ns, &side, false);
-    let _cleanup = Cleanup(env.config.clone());
+    let (side, env, _cleanup) = celery_env("celery_mixed", false).await;
     let pool = env.start().await;
     let mut celery = side.worker(&env.dir.path().join("celery.log"));
 
@@ -231,12 +229,8 @@ async fn a_celery_worker_and_idem_share_one_broker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_task_answers_with_the_result_stored_with_its_claim() {
-    let ns = unique_namespace("celery_natural");
-    let side = CelerySide::new(&ns);
-    let mut env = Env::new().await;
-    celery_config(&mut env, &ns, &side, false);
+    let (side, mut env, _cleanup) = celery_env("celery_natural", false).await;
     env.config.plugins.get_mut("celery-credits").unwrap().key_pointer = Some("/args/0".into());
-    let _cleanup = Cleanup(env.config.clone());
     let pool = env.start().await;
 
     let out = side.run(&["natural", "60"]).await;
@@ -251,11 +245,7 @@ async fn a_duplicate_task_answers_with_the_result_stored_with_its_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_celery_messages_are_dead_lettered_with_their_reasons() {
-    let ns = unique_namespace("celery_bad");
-    let side = CelerySide::new(&ns);
-    let mut env = Env::new().await;
-    celery_config(&mut env, &ns, &side, false);
-    let _cleanup = Cleanup(env.config.clone());
+    let (side, env, _cleanup) = celery_env("celery_bad", false).await;
     let pool = env.start().await;
 
     let out = side.run(&["malformed", "60"]).await;
