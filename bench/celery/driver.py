@@ -75,14 +75,14 @@ def publish(n):
         fail(f"published {n} tasks but the queue holds {queued}")
 
 
-def wait(n, t0_ns, pid):
-    """Print seconds from T0_NS until the counter reaches N, and until the
-    first task was done (the worker's start-up)."""
-    r = rdb()
+def poll_done(n, t0_ns, pid, done_count, worker):
+    """Print seconds from T0_NS until done_count() reaches N, and until the
+    first task was done (the worker's start-up). Fails after 60 s without
+    progress, or if the worker PID exits."""
     first = None
     last, last_change = 0, time.monotonic()
     while True:
-        done = int(r.get(DONE_COUNTER) or 0)
+        done = done_count()
         now = (time.time_ns() - t0_ns) / 1e9
         if done and first is None:
             first = now
@@ -96,8 +96,23 @@ def wait(n, t0_ns, pid):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            fail(f"the worker exited with {done}/{n} tasks done")
+            fail(f"{worker} exited with {done}/{n} tasks done")
         time.sleep(0.02)
+
+
+def wait(n, t0_ns, pid):
+    """Until the Celery tasks' counter reaches N."""
+    r = rdb()
+    poll_done(n, t0_ns, pid, lambda: int(r.get(DONE_COUNTER) or 0), "the worker")
+
+
+def wrong_balances(c, table):
+    """Rows of `table` and how many hold another user's balance."""
+    return c.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE"
+        f" convert_from(value, 'UTF8')::bigint % 1000"
+        f" <> substr(key, 6)::bigint) FROM {table} WHERE collection = 'credits'"
+    ).fetchone()
 
 
 def verify(n):
@@ -111,11 +126,7 @@ def verify(n):
     )
     left = r.llen("celery") + r.hlen("unacked")
     with psycopg.connect(PG_URL) as c:
-        rows, bad = c.execute(
-            "SELECT count(*), count(*) FILTER (WHERE"
-            " convert_from(value, 'UTF8')::bigint % 1000"
-            " <> substr(key, 6)::bigint) FROM bench_celery.kv"
-        ).fetchone()
+        rows, bad = wrong_balances(c, "bench_celery.kv")
     want_rows = min(n, USERS)
     if (done, done_guards, rows, bad, left) != (n, n, want_rows, 0, 0):
         fail(
@@ -166,36 +177,14 @@ def idem_left(r):
 def wait_idem(n, t0_ns, pid):
     """As wait, for Idem: until no task is queued or unacked."""
     r = rdb()
-    first = None
-    last, last_change = n, time.monotonic()
-    while True:
-        left = idem_left(r)
-        now = (time.time_ns() - t0_ns) / 1e9
-        if left < n and first is None:
-            first = now
-        if left == 0:
-            print(f"{now:.3f} {first:.3f}")
-            return
-        if left != last:
-            last, last_change = left, time.monotonic()
-        elif time.monotonic() - last_change > 60:
-            fail(f"no progress for 60 s ({n - left}/{n} tasks settled)")
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            fail(f"idem run exited with {n - left}/{n} tasks settled")
-        time.sleep(0.02)
+    poll_done(n, t0_ns, pid, lambda: n - idem_left(r), "idem run")
 
 
 def verify_idem(n):
     r = rdb()
     left, dead = idem_left(r), r.llen(f"{IDEM_NS}:dead:ids")
     with psycopg.connect(PG_URL) as c:
-        rows, bad = c.execute(
-            f"SELECT count(*), count(*) FILTER (WHERE"
-            f" convert_from(value, 'UTF8')::bigint % 1000"
-            f" <> substr(key, 6)::bigint) FROM {IDEM_NS}.kv WHERE collection = 'credits'"
-        ).fetchone()
+        rows, bad = wrong_balances(c, f"{IDEM_NS}.kv")
     want_rows = min(n, USERS)
     if (rows, bad, left, dead) != (want_rows, 0, 0, 0):
         fail(

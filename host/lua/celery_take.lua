@@ -17,8 +17,8 @@
 -- ARGV[2]  visibility (ms)
 -- ARGV[3]  most entries restored or promoted per call
 -- ARGV[4]  most tasks taken
--- ARGV[5…] one fresh delivery tag per task that may be taken
--- Returns {how many deliveries were restored, {tag, times delivered, list,
+-- ARGV[5]  a fresh prefix: the delivery tags are <prefix>.1, <prefix>.2, …
+-- Returns {how many deliveries were restored, {tag, times delivered,
 -- envelope} per task taken}.
 local unacked, index, delayed, counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, visibility, limit, max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -52,11 +52,11 @@ for i = 5, #KEYS do
   while #out < max do
     local envelope = redis.call('RPOP', KEYS[i])
     if not envelope then break end
-    local tag = ARGV[4 + #out + 1]
+    local tag = ARGV[5] .. '.' .. (#out + 1)
     redis.call('HSET', unacked, tag, #KEYS[i] .. ':' .. KEYS[i] .. envelope)
     redis.call('ZADD', index, now + visibility, tag)
     local n = redis.call('HINCRBY', counts, redis.sha1hex(envelope), 1)
-    out[#out + 1] = {tag, n, KEYS[i], envelope}
+    out[#out + 1] = {tag, n, envelope}
   end
 end
 return {restored, out}

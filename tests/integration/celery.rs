@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use idem_host::config::{BrokerConfig, BrokerKind, Config, StoreConfig, StoreKind};
+use idem_host::config::{BrokerConfig, BrokerKind, Config};
 use serde_json::Value;
 
 use crate::common::*;
@@ -102,13 +102,7 @@ async fn celery_env(tag: &str, postgres: bool) -> (CelerySide, Env, Cleanup) {
         ..BrokerConfig::default()
     };
     if postgres {
-        let pg = StoreConfig {
-            kind: StoreKind::Postgres,
-            url: Some(services::postgres()),
-            max_connections: 8,
-        };
-        env.config.claims = pg.clone();
-        env.config.data = pg;
+        env.use_postgres(8);
     }
     let mut credits = plugin("celery_grant_credits.wasm", &["credits"], &[], None);
     credits.celery_task = Some(TASK.into());
@@ -141,17 +135,6 @@ impl Drop for Cleanup {
     }
 }
 
-fn spawn_idem(config: &Path, log: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["run", "--config"])
-        .arg(config)
-        .env("IDEM_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn idem run")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
     let (side, env, _cleanup) = celery_env("celery", true).await;
@@ -165,15 +148,15 @@ async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
     assert_eq!(sent["sent"], 1101);
 
     let log = |n: u32| env.dir.path().join(format!("worker-{n}.log"));
-    let mut first = spawn_idem(&config_path, &log(1));
-    let second = spawn_idem(&config_path, &log(2));
+    let mut first = spawn_idem_run(&config_path, &log(1));
+    let second = spawn_idem_run(&config_path, &log(2));
     wait_until(Duration::from_secs(120), "300 tasks done", || async {
         backends.admin.counts().await.unwrap().done >= 300
     })
     .await;
     first.kill().expect("SIGKILL");
     first.wait().unwrap();
-    let third = spawn_idem(&config_path, &log(3));
+    let third = spawn_idem_run(&config_path, &log(3));
 
     // Every result as a Celery client reads it: the value the handler
     // returned (the re-sent ones too), and the expired task revoked.

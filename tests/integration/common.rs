@@ -87,6 +87,18 @@ impl Env {
         Env { dir, mock, config }
     }
 
+    /// Keep claims and data in the test Postgres (in the namespace's schema)
+    /// instead of the SQLite file.
+    pub fn use_postgres(&mut self, max_connections: u32) {
+        let postgres = idem_host::config::StoreConfig {
+            kind: idem_host::config::StoreKind::Postgres,
+            url: Some(services::postgres()),
+            max_connections,
+        };
+        self.config.claims = postgres.clone();
+        self.config.data = postgres;
+    }
+
     /// Start a pool with the environment's configuration.
     pub async fn start(&self) -> Pool {
         let pool = Pool::start(&self.config).await.expect("pool starts");
@@ -104,6 +116,18 @@ impl Env {
         self.mock.watch_journal(pool.backends.claims.clone());
         pool
     }
+}
+
+/// A real `idem run` process on `config`, logging at info to `log`.
+pub fn spawn_idem_run(config: &std::path::Path, log: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["run", "--config"])
+        .arg(config)
+        .env("IDEM_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("spawn idem run")
 }
 
 /// A message.

@@ -2,24 +2,13 @@
 //! handler; a second process finishes the work without repeating the step
 //! that was journaled.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use idem_host::claim::ClaimState;
 use serde_json::json;
 
 use crate::common::*;
-
-fn spawn_worker(config: &std::path::Path, log: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["run", "--config"])
-        .arg(config)
-        .env("IDEM_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn idem run")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
@@ -43,7 +32,7 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     batch.extend((0..10).map(|i| envelope(&format!("g-{i}"), "grant-credits", json!({ "user": format!("u{i}"), "balance": i }))));
     backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
 
-    let mut first = spawn_worker(&config_path, &env.dir.path().join("worker-1.log"));
+    let mut first = spawn_idem_run(&config_path, &env.dir.path().join("worker-1.log"));
     tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
         .await
         .expect("the first worker reached the reservation step");
@@ -71,7 +60,7 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     assert!(!status.success(), "killed: {status:?}");
     env.mock.release();
 
-    let mut second = spawn_worker(&config_path, &env.dir.path().join("worker-2.log"));
+    let mut second = spawn_idem_run(&config_path, &env.dir.path().join("worker-2.log"));
     wait_until(Duration::from_secs(30), "the second worker to finish everything", || async {
         backends
             .admin

@@ -353,16 +353,9 @@ async fn a_done_execution_awaiting_its_confirm_is_never_dead_lettered() {
 /// look expired to B at once.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_lease() {
-    use idem_host::config::{StoreConfig, StoreKind};
     let mut env = Env::new().await;
     env.config.namespace = unique_namespace("clock");
-    let postgres = StoreConfig {
-        kind: StoreKind::Postgres,
-        url: Some(services::postgres()),
-        max_connections: 4,
-    };
-    env.config.claims = postgres.clone();
-    env.config.data = postgres;
+    env.use_postgres(4);
     env.config.worker.shutdown_grace_ms = 60_000;
     let lease = Duration::from_millis(env.config.worker.lease_ms);
     env.mock.state.lock().unwrap().slow_for = lease * 3 / 2;

@@ -6,7 +6,7 @@
 //! and no journaled call may be sent again.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use idem_host::config::Config;
@@ -46,17 +46,6 @@ fn config_from_example(file: &str, dir: &Path, mock: &Mock) -> Config {
     config
 }
 
-fn spawn(config: &Path, log: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["run", "--config"])
-        .arg(config)
-        .env("IDEM_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn idem run")
-}
-
 fn terminate(mut child: Child) {
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -88,8 +77,8 @@ async fn two_workers_survive_a_kill(example_file: &str) {
     mock.watch_journal(backends.claims.clone());
     let schedule = Schedule::new(MESSAGES, 11, &mock);
     let logs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("worker-{i}.log"))).collect();
-    let a = spawn(&config_path, &logs[0]);
-    let b = spawn(&config_path, &logs[1]);
+    let a = spawn_idem_run(&config_path, &logs[0]);
+    let b = spawn_idem_run(&config_path, &logs[1]);
     let published = schedule.publish(backends.broker.as_ref()).await.unwrap();
     assert!(published > MESSAGES as u64);
 
@@ -112,7 +101,7 @@ async fn two_workers_survive_a_kill(example_file: &str) {
         settled().await >= killed_at + 200
     })
     .await;
-    let a2 = spawn(&config_path, &logs[2]);
+    let a2 = spawn_idem_run(&config_path, &logs[2]);
 
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {

@@ -142,15 +142,16 @@ impl CeleryBroker {
     }
 
     /// Move tasks into the unacked hash: `(tag, times delivered, envelope)`.
-    async fn take(&self, max: usize, visibility: Duration) -> Result<Vec<(String, u32, Vec<u8>)>, BrokerError> {
+    async fn take(&self, max: usize, visibility: Duration) -> Result<Vec<TakenEntry>, BrokerError> {
         let mut call = self.take.prepare_invoke();
         for k in self.keys.iter().chain(&self.lists) {
             call.key(k);
         }
-        call.arg(now_ms()).arg(visibility.as_millis() as u64).arg(MOVE_LIMIT).arg(max);
-        for _ in 0..max {
-            call.arg(uuid::Uuid::new_v4().simple().to_string());
-        }
+        call.arg(now_ms())
+            .arg(visibility.as_millis() as u64)
+            .arg(MOVE_LIMIT)
+            .arg(max)
+            .arg(uuid::Uuid::new_v4().simple().to_string());
         let (restored, taken): (u64, Vec<TakenEntry>) = call.invoke_async(&mut self.conn.clone()).await.map_err(unavailable)?;
         if restored > 0 {
             tracing::info!(
@@ -158,7 +159,7 @@ impl CeleryBroker {
                 "Celery tasks whose visibility ended (their worker stopped or stalled) went back to their queues"
             );
         }
-        Ok(taken.into_iter().map(|(tag, n, _list, raw)| (tag, n, raw)).collect())
+        Ok(taken)
     }
 
     /// The delivery of one envelope taken with `tag`, or `None` when it is
@@ -215,8 +216,8 @@ impl CeleryBroker {
     }
 }
 
-/// One task the take script moved: tag, times delivered, list, envelope.
-type TakenEntry = (String, u32, String, Vec<u8>);
+/// One task the take script moved: tag, times delivered, envelope.
+type TakenEntry = (String, u32, Vec<u8>);
 
 fn unavailable(e: redis::RedisError) -> BrokerError {
     BrokerError::Unavailable(e.to_string())
