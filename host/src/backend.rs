@@ -175,8 +175,11 @@ fn celery_options(config: &Config) -> Result<crate::broker::celery::CeleryOption
         .iter()
         .filter_map(|(name, p)| Some((p.celery_task.clone()?, name.clone())))
         .collect();
+    // Unset: the broker's Redis, as a Celery app configured with
+    // backend=broker would use; none on RabbitMQ (Celery's default).
     let result_backend = match config.broker.result_backend.as_deref() {
-        None => Some(url.clone()),
+        None if url.starts_with("redis") => Some(url.clone()),
+        None => None,
         Some("") => None,
         Some(other) => Some(other.to_string()),
     };

@@ -3,9 +3,10 @@ tasks the way a web app does, a client that reads their results the way
 `AsyncResult(id).get()` does, and a task of its own served by a real Celery
 worker (`celery -A celery_side worker`).
 
-Settings come from the environment: CELERY_BROKER (a redis:// URL, also the
-result backend), IDEM_QUEUE (the queue Idem consumes) and CELERY_QUEUE (the
-queue the Celery worker consumes). Every command prints one JSON line.
+Settings come from the environment: CELERY_BROKER (a redis:// or amqp://
+URL), CELERY_BACKEND (the Redis result backend; the broker by default),
+IDEM_QUEUE (the queue Idem consumes) and CELERY_QUEUE (the queue the Celery
+worker consumes). Every command prints one JSON line.
 """
 
 import json
@@ -19,13 +20,14 @@ from celery import Celery, chain
 from celery.result import AsyncResult
 
 BROKER = os.environ["CELERY_BROKER"]
+BACKEND = os.environ.get("CELERY_BACKEND", BROKER)
 IDEM_QUEUE = os.environ["IDEM_QUEUE"]
 CELERY_QUEUE = os.environ.get("CELERY_QUEUE", "celery")
 # Task ids start with it, so tests sharing a Redis never read each other's
 # results.
 PREFIX = os.environ["TASK_PREFIX"]
 
-app = Celery("celery_side", broker=BROKER, backend=BROKER)
+app = Celery("celery_side", broker=BROKER, backend=BACKEND)
 app.conf.update(task_default_queue=CELERY_QUEUE, broker_connection_retry_on_startup=True, result_expires=600)
 
 
@@ -72,6 +74,10 @@ def wait(n, timeout):
         if value != {"user": f"u{i}", "balance": i}:
             return {"error": f"task {i} returned {value!r}"}
     expired = AsyncResult(f"{PREFIX}-t-expired", app=app)
+    if BROKER.startswith("amqp"):
+        # Celery gives the message a TTL from expires (0 when past), so
+        # RabbitMQ drops it unless a consumer takes it at once: no result.
+        return {"statuses": statuses, "expired": expired.status, "expired_error": None}
     try:
         expired.get(timeout=timeout)
         expired_error = None
@@ -99,6 +105,28 @@ def natural(timeout):
     return {"first": value, "second": second.get(timeout=timeout), "status": second.status}
 
 
+def unreadable_body(task_id):
+    """A message with task headers whose body cannot be read (on Redis, its
+    base64; on RabbitMQ, its JSON), and one that is no Celery message."""
+    headers = {"task": "billing.grant_credits", "id": task_id, "retries": 0}
+    if BROKER.startswith("redis"):
+        bad = {
+            "body": "***not base64***", "content-encoding": "utf-8", "content-type": "application/json",
+            "headers": headers,
+            "properties": {"correlation_id": task_id, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+                           "delivery_info": {"exchange": "", "routing_key": IDEM_QUEUE}, "priority": 0},
+        }
+        r = redis.Redis.from_url(BROKER)
+        r.lpush(IDEM_QUEUE, json.dumps(bad))
+        r.lpush(IDEM_QUEUE, b"not json at all")
+        return
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        for body, h in [(b"***not json***", headers), (b'{"hello": "world"}', {})]:
+            producer.publish(body, exchange="", routing_key=IDEM_QUEUE, headers=h, serializer=None,
+                             content_type="application/json", content_encoding="utf-8", delivery_mode=2)
+
+
 def malformed(timeout):
     """What Idem must refuse, each with its reason, then a good task."""
     app.send_task("nobody.serves_this", args=[1], task_id=f"{PREFIX}-t-unknown", queue=IDEM_QUEUE)
@@ -108,15 +136,7 @@ def malformed(timeout):
     v1 = Celery("celery_v1", broker=BROKER)
     v1.conf.task_protocol = 1
     v1.send_task("billing.grant_credits", args=["k1", "u1", 1], task_id=f"{PREFIX}-t-protocol1", queue=IDEM_QUEUE)
-    bad = {
-        "body": "***not base64***", "content-encoding": "utf-8", "content-type": "application/json",
-        "headers": {"task": "billing.grant_credits", "id": f"{PREFIX}-t-base64", "retries": 0},
-        "properties": {"correlation_id": f"{PREFIX}-t-base64", "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
-                       "delivery_info": {"exchange": "", "routing_key": IDEM_QUEUE}, "priority": 0},
-    }
-    r = redis.Redis.from_url(BROKER)
-    r.lpush(IDEM_QUEUE, json.dumps(bad))
-    r.lpush(IDEM_QUEUE, b"not json at all")
+    unreadable_body(f"{PREFIX}-t-base64")
     good = grant_credits.apply_async(args=["g", "good", 7], task_id=f"{PREFIX}-t-good", queue=IDEM_QUEUE)
     good.get(timeout=timeout)
     failures = {}

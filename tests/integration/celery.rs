@@ -1,10 +1,10 @@
 //! Celery interop against the real thing: tasks sent by Celery's own
-//! producer API (`send_task`, `apply_async`) into Redis, consumed by Idem's
-//! `celery` broker, answered through Celery's Redis result backend and read
-//! back with `AsyncResult(id).get()`; a Celery worker beside Idem on the
-//! same broker; malformed messages a real Celery can send. The Celery side
-//! is `tests/celery/celery_side.py`, run in the virtualenv of
-//! `bench/celery/venv`.
+//! producer API (`send_task`, `apply_async`) into Redis or RabbitMQ,
+//! consumed by Idem's `celery` broker, answered through Celery's Redis
+//! result backend and read back with `AsyncResult(id).get()`; a Celery
+//! worker beside Idem on the same broker; malformed messages a real Celery
+//! can send. The Celery side is `tests/celery/celery_side.py`, run in the
+//! virtualenv of `bench/celery/venv`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,27 +34,62 @@ fn venv() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
+/// Which of Celery's transports a test runs on.
+#[derive(Clone, Copy, PartialEq)]
+enum Transport {
+    Redis,
+    Amqp,
+}
+
+impl Transport {
+    /// A queue name in a test's namespace: on Redis, one its clean-up
+    /// (every key `{ns}:*`) deletes.
+    fn queue(self, ns: &str, name: &str) -> String {
+        match self {
+            Transport::Redis => format!("{ns}:{name}"),
+            Transport::Amqp => format!("{ns}.{name}"),
+        }
+    }
+
+    /// The broker URL as Idem reads it.
+    fn url(self) -> String {
+        match self {
+            Transport::Redis => services::redis(),
+            Transport::Amqp => services::amqp(),
+        }
+    }
+}
+
 /// The Celery side, for one test's queues.
 struct CelerySide {
     venv: PathBuf,
+    transport: Transport,
     idem_queue: String,
     celery_queue: String,
 }
 
 impl CelerySide {
-    fn new(ns: &str) -> Self {
+    fn new(ns: &str, transport: Transport) -> Self {
         CelerySide {
             venv: venv(),
-            idem_queue: format!("{ns}:idem"),
-            celery_queue: format!("{ns}:celery"),
+            transport,
+            idem_queue: transport.queue(ns, "idem"),
+            celery_queue: transport.queue(ns, "celery"),
         }
+    }
+
+    /// The broker URL as kombu reads it (vhost `/` written `//`).
+    fn kombu_url(&self) -> String {
+        let url = self.transport.url();
+        url.strip_suffix("/%2f").map_or(url.clone(), |base| format!("{base}//"))
     }
 
     fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new(self.venv.join("bin").join(program));
         cmd.current_dir(root().join("tests/celery"))
             .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env("CELERY_BROKER", services::redis())
+            .env("CELERY_BROKER", self.kombu_url())
+            .env("CELERY_BACKEND", services::redis())
             .env("IDEM_QUEUE", &self.idem_queue)
             .env("CELERY_QUEUE", &self.celery_queue)
             .env("TASK_PREFIX", &self.idem_queue);
@@ -88,18 +123,18 @@ impl CelerySide {
 
 /// A test's Celery side and environment: the celery broker on Idem's
 /// queue, the grant_credits port serving its task, claims and data in
-/// Postgres or SQLite; and what deletes its keys afterwards.
-async fn celery_env(tag: &str, postgres: bool) -> (CelerySide, Env, Cleanup) {
+/// Postgres or SQLite; and what deletes its keys and queues afterwards.
+async fn celery_env(tag: &str, transport: Transport, postgres: bool) -> (CelerySide, Env, Cleanup) {
     let ns = unique_namespace(tag);
-    let side = CelerySide::new(&ns);
+    let side = CelerySide::new(&ns, transport);
     let mut env = Env::new().await;
     env.config.namespace = ns.clone();
     env.config.broker = BrokerConfig {
         kind: BrokerKind::Celery,
-        url: Some(services::redis()),
+        url: Some(transport.url()),
         queues: vec![side.idem_queue.clone()],
+        result_backend: Some(services::redis()),
         result_expires_secs: 600,
-        ..BrokerConfig::default()
     };
     if postgres {
         env.use_postgres(8);
@@ -107,19 +142,23 @@ async fn celery_env(tag: &str, postgres: bool) -> (CelerySide, Env, Cleanup) {
     let mut credits = plugin("celery_grant_credits.wasm", &["credits"], &[], None);
     credits.celery_task = Some(TASK.into());
     env.config.plugins.insert("celery-credits".into(), credits);
-    let cleanup = Cleanup(env.config.clone());
+    let cleanup = Cleanup(env.config.clone(), vec![side.idem_queue.clone(), side.celery_queue.clone()]);
     (side, env, cleanup)
 }
 
-/// Deletes the test's keys, results and schema, even when it fails.
-struct Cleanup(Config);
+/// Deletes the test's keys, results, schema and (on RabbitMQ) the Celery
+/// queues and exchanges the producer declared, even when it fails.
+struct Cleanup(Config, Vec<String>);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let config = self.0.clone();
+        let (config, queues) = (self.0.clone(), self.1.clone());
         let _ = std::thread::spawn(move || {
             tokio::runtime::Runtime::new().unwrap().block_on(async {
                 idem_host::tools::chaos::cleanup(&config).await;
+                if config.broker.url.as_deref().is_some_and(|u| u.starts_with("amqp")) {
+                    brokers::delete_amqp_queues(&queues).await;
+                }
                 let mut conn = brokers::redis_conn().await;
                 let results: Vec<String> = redis::cmd("KEYS")
                     .arg(format!("celery-task-meta-{}*", config.namespace))
@@ -136,8 +175,17 @@ impl Drop for Cleanup {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
-    let (side, env, _cleanup) = celery_env("celery", true).await;
+async fn celery_tasks_on_redis_run_once_and_answer_asyncresult_through_a_sigkill() {
+    tasks_run_once_through_a_sigkill(Transport::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn celery_tasks_on_rabbitmq_run_once_and_answer_asyncresult_through_a_sigkill() {
+    tasks_run_once_through_a_sigkill(Transport::Amqp).await;
+}
+
+async fn tasks_run_once_through_a_sigkill(transport: Transport) {
+    let (side, env, _cleanup) = celery_env("celery", transport, true).await;
     let config_path = env.dir.path().join("idem.toml");
     std::fs::write(&config_path, toml::to_string(&env.config).unwrap()).unwrap();
     let backends = idem_host::backend::open(&env.config).await.unwrap();
@@ -159,11 +207,22 @@ async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
     let third = spawn_idem_run(&config_path, &log(3));
 
     // Every result as a Celery client reads it: the value the handler
-    // returned (the re-sent ones too), and the expired task revoked.
+    // returned (the re-sent ones too), and the expired task revoked. On
+    // RabbitMQ, Celery gave the expired task a TTL of 0, so the server
+    // dropped it before any consumer saw it, as it does for Celery workers.
     let results = side.run(&["wait", "1000", "120"]).await;
     assert_eq!(results["statuses"], serde_json::json!({"SUCCESS": 1000}), "{results}");
-    assert_eq!(results["expired"], "REVOKED");
-    assert_eq!(results["expired_error"], "TaskRevokedError");
+    let expired_letters = match transport {
+        Transport::Redis => {
+            assert_eq!(results["expired"], "REVOKED");
+            assert_eq!(results["expired_error"], "TaskRevokedError");
+            1
+        }
+        Transport::Amqp => {
+            assert_eq!(results["expired"], "PENDING");
+            0
+        }
+    };
 
     // Each task's effect once, with its own arguments; nothing left behind.
     let credits: HashMap<String, Vec<u8>> = backends.data.scan("credits").await.unwrap().into_iter().collect();
@@ -178,25 +237,38 @@ async fn celery_tasks_run_once_and_answer_asyncresult_through_a_sigkill() {
     let counts = backends.admin.counts().await.unwrap();
     assert_eq!(
         (counts.done, counts.running, counts.retry, counts.dead_letters),
-        (1000, 0, 0, 1),
+        (1000, 0, 0, expired_letters),
         "{counts:?}"
     );
-    let letters = backends.admin.dead_letters(10).await.unwrap();
-    assert!(letters[0].reason.contains("expired at"), "{}", letters[0].reason);
+    for letter in backends.admin.dead_letters(10).await.unwrap() {
+        assert!(letter.reason.contains("expired at"), "{}", letter.reason);
+    }
 
     for mut worker in [second, third] {
         worker.kill().unwrap();
         worker.wait().unwrap();
     }
-    // The killed worker's deliveries went back to the queue when their
-    // visibility ended, and were run by the others.
-    let restored = (2..=3).any(|n| std::fs::read_to_string(log(n)).unwrap().contains("went back to their queues"));
-    assert!(restored, "no worker restored the killed worker's deliveries");
+    // On Redis, the killed worker's deliveries went back to the queue when
+    // their visibility ended, and were run by the others (RabbitMQ requeues
+    // a dead connection's deliveries itself).
+    if transport == Transport::Redis {
+        let restored = (2..=3).any(|n| std::fs::read_to_string(log(n)).unwrap().contains("went back to their queues"));
+        assert!(restored, "no worker restored the killed worker's deliveries");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_celery_worker_and_idem_share_one_broker() {
-    let (side, env, _cleanup) = celery_env("celery_mixed", false).await;
+async fn a_celery_worker_and_idem_share_one_redis() {
+    celery_and_idem_share_one_broker(Transport::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_celery_worker_and_idem_share_one_rabbitmq() {
+    celery_and_idem_share_one_broker(Transport::Amqp).await;
+}
+
+async fn celery_and_idem_share_one_broker(transport: Transport) {
+    let (side, env, _cleanup) = celery_env("celery_mixed", transport, false).await;
     let pool = env.start().await;
     let mut celery = side.worker(&env.dir.path().join("celery.log"));
 
@@ -212,7 +284,7 @@ async fn a_celery_worker_and_idem_share_one_broker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_task_answers_with_the_result_stored_with_its_claim() {
-    let (side, mut env, _cleanup) = celery_env("celery_natural", false).await;
+    let (side, mut env, _cleanup) = celery_env("celery_natural", Transport::Redis, false).await;
     env.config.plugins.get_mut("celery-credits").unwrap().key_pointer = Some("/args/0".into());
     let pool = env.start().await;
 
@@ -227,18 +299,33 @@ async fn a_duplicate_task_answers_with_the_result_stored_with_its_claim() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_celery_messages_are_dead_lettered_with_their_reasons() {
-    let (side, env, _cleanup) = celery_env("celery_bad", false).await;
+async fn malformed_celery_messages_on_redis_are_dead_lettered_with_their_reasons() {
+    malformed_messages_are_dead_lettered(Transport::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_celery_messages_on_rabbitmq_are_dead_lettered_with_their_reasons() {
+    malformed_messages_are_dead_lettered(Transport::Amqp).await;
+}
+
+async fn malformed_messages_are_dead_lettered(transport: Transport) {
+    let (side, env, _cleanup) = celery_env("celery_bad", transport, false).await;
     let pool = env.start().await;
 
     let out = side.run(&["malformed", "60"]).await;
     assert_eq!(out["good"], "SUCCESS", "the good task after the bad ones ran: {out}");
     let failure = |id: &str| out["failures"][id].as_str().unwrap_or_default().to_string();
+    // The body of a message with task headers cannot be read: on Redis its
+    // base64, on RabbitMQ (raw bodies) its JSON.
+    let unreadable_body = match transport {
+        Transport::Redis => "not valid base64",
+        Transport::Amqp => "the task body is not JSON",
+    };
     for (id, why) in [
         ("unknown", "no plugin serves Celery task \"nobody.serves_this\""),
         ("chain", "canvas (chain)"),
         ("protocol1", "protocol 1 is not supported"),
-        ("base64", "not valid base64"),
+        ("base64", unreadable_body),
     ] {
         let f = failure(id);
         assert!(f.starts_with("IdemDeadLettered") && f.contains(why), "{id}: {f}");
@@ -250,7 +337,11 @@ async fn malformed_celery_messages_are_dead_lettered_with_their_reasons() {
     let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
     assert_eq!(letters.len(), 5, "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.contains("not a kombu JSON envelope")), "{reasons:?}");
+    let headerless = match transport {
+        Transport::Redis => "not a kombu JSON envelope",
+        Transport::Amqp => "not a Celery task: the message has no task header",
+    };
+    assert!(reasons.iter().any(|r| r.contains(headerless)), "{reasons:?}");
     assert_eq!(
         pool.backends.data.scan("credits").await.unwrap().len(),
         1,
@@ -259,11 +350,15 @@ async fn malformed_celery_messages_are_dead_lettered_with_their_reasons() {
     pool.stop().await.unwrap();
 }
 
-/// Two Celery broker instances on one queue, as two worker processes.
+/// A Celery broker on one queue, as one worker process has it.
 async fn celery_broker(ns: &str) -> idem_host::broker::celery::CeleryBroker {
+    celery_broker_on(ns, Transport::Redis).await
+}
+
+async fn celery_broker_on(ns: &str, transport: Transport) -> idem_host::broker::celery::CeleryBroker {
     idem_host::broker::celery::CeleryBroker::connect(idem_host::broker::celery::CeleryOptions {
-        url: services::redis(),
-        queues: vec![format!("{ns}:q")],
+        url: transport.url(),
+        queues: vec![transport.queue(ns, "q")],
         tasks: HashMap::from([("t.h".to_string(), "h".to_string())]),
         result_backend: Some(services::redis()),
         result_expires: Duration::from_secs(60),
@@ -277,7 +372,7 @@ async fn celery_broker(ns: &str) -> idem_host::broker::celery::CeleryBroker {
 async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
     use idem_host::broker::Broker;
     let ns = unique_namespace("celery_broker");
-    let _cleanup = Cleanup(Config {
+    let config = Config {
         namespace: ns.clone(),
         broker: BrokerConfig {
             kind: BrokerKind::Celery,
@@ -285,7 +380,8 @@ async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
             ..BrokerConfig::default()
         },
         ..Config::default()
-    });
+    };
+    let _cleanup = Cleanup(config, Vec::new());
     let (one, two) = (celery_broker(&ns).await, celery_broker(&ns).await);
     let sent = [
         envelope(&format!("{ns}-a"), "h", serde_json::json!({"args": [1], "kwargs": {}})),
@@ -342,5 +438,78 @@ async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
     one.ack(&[&lost.receipt]).await.unwrap();
     assert_eq!(two.pending().await.unwrap(), 1);
     two.ack(&[&again[0].receipt]).await.unwrap();
+    assert_eq!(two.pending().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rabbitmq_a_dropped_connections_tasks_come_back_and_retries_count_in_the_task() {
+    use idem_host::broker::Broker;
+    let ns = unique_namespace("celery_amqp_broker");
+    let config = Config {
+        namespace: ns.clone(),
+        broker: BrokerConfig {
+            kind: BrokerKind::Celery,
+            url: Some(services::amqp()),
+            queues: vec![format!("{ns}.q")],
+            ..BrokerConfig::default()
+        },
+        ..Config::default()
+    };
+    let _cleanup = Cleanup(config, vec![format!("{ns}.q")]);
+    let (one, two) = (
+        celery_broker_on(&ns, Transport::Amqp).await,
+        celery_broker_on(&ns, Transport::Amqp).await,
+    );
+    let sent = [
+        envelope(&format!("{ns}-a"), "h", serde_json::json!({"args": [1], "kwargs": {}})),
+        envelope(&format!("{ns}-b"), "h", serde_json::json!({"args": [2], "kwargs": {}})),
+    ];
+    one.publish(&sent, Duration::ZERO).await.unwrap();
+    let visibility = Duration::from_secs(30);
+    let held = brokers::fetch_n(&one, 2, visibility, "both tasks").await;
+    assert_eq!(brokers::ids(&held), [sent[0].id.as_str(), sent[1].id.as_str()]);
+    assert_eq!(held[0].envelope.payload, br#"{"args":[1],"kwargs":{}}"#);
+    assert!(two.fetch(10, visibility).await.unwrap().is_empty(), "held deliveries are invisible");
+
+    // A worker whose connection closes gives its tasks back at once.
+    drop(one);
+    let back = brokers::fetch_n(&two, 2, visibility, "the dropped connection's tasks").await;
+    let mut ids = brokers::ids(&back);
+    ids.sort();
+    assert_eq!(ids, [sent[0].id.as_str(), sent[1].id.as_str()]);
+    assert!(back.iter().all(|d| d.delivery_count == 2), "redelivered");
+
+    // A retry comes back after its delay with Celery's retries header one
+    // higher, and shows as RETRY meanwhile; a hand-back does not count.
+    let header = |d: &idem_host::envelope::Delivery| {
+        d.envelope
+            .headers
+            .iter()
+            .find(|(k, _)| k == "celery.retries")
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header(&back[0]).as_deref(), Some("0"));
+    two.retry(&back[0].receipt, Duration::from_millis(200), "timeout").await.unwrap();
+    let meta: String = redis::cmd("GET")
+        .arg(format!("celery-task-meta-{}", back[0].envelope.id))
+        .query_async(&mut brokers::redis_conn().await)
+        .await
+        .unwrap();
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(
+        (meta["status"].as_str(), &meta["result"]["exc_message"]),
+        (Some("RETRY"), &serde_json::json!(["timeout"]))
+    );
+    let retried = brokers::fetch_until(&two, 10, visibility, "the retried task").await;
+    assert_eq!(brokers::ids(&retried), [back[0].envelope.id.as_str()]);
+    assert_eq!(header(&retried[0]).as_deref(), Some("1"));
+    assert_eq!(retried[0].envelope.payload, back[0].envelope.payload);
+    two.nack(&retried[0].receipt, Duration::from_millis(100)).await.unwrap();
+    let again = brokers::fetch_until(&two, 10, visibility, "the handed-back task").await;
+    assert_eq!(header(&again[0]).as_deref(), Some("1"));
+    // A stale receipt settles nothing; the current ones empty the queue.
+    two.ack(&[&retried[0].receipt]).await.unwrap();
+    assert_eq!(two.pending().await.unwrap(), 2);
+    two.ack(&[&again[0].receipt, &back[1].receipt]).await.unwrap();
     assert_eq!(two.pending().await.unwrap(), 0);
 }

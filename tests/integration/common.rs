@@ -354,6 +354,25 @@ pub mod brokers {
         AmqpBroker::delete_namespace(&services::amqp(), ns).await
     }
 
+    /// Delete RabbitMQ queues, and the exchanges of the same names that
+    /// Celery producers declare for them. Best effort.
+    pub async fn delete_amqp_queues(names: &[String]) {
+        use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+        let Ok(conn) = lapin::Connection::connect(&services::amqp(), lapin::ConnectionProperties::default()).await else {
+            return;
+        };
+        for name in names {
+            // A missing queue or exchange closes the channel: one each.
+            if let Ok(ch) = conn.create_channel().await {
+                let _ = ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
+            }
+            if let Ok(ch) = conn.create_channel().await {
+                let _ = ch.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await;
+            }
+        }
+        let _ = conn.close(200, "OK".into()).await;
+    }
+
     /// [`in_namespace`] for RabbitMQ: the queues and exchange are deleted.
     pub async fn in_amqp_namespace<B, Fut>(body: B)
     where

@@ -190,9 +190,16 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Run a command, saying how long it took (CI logs show where the time goes).
 fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("+ {cmd:?}");
+    let started = std::time::Instant::now();
     let status = cmd.status().with_context(|| format!("cannot start {cmd:?}"))?;
+    let words: Vec<String> = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args().take(3))
+        .map(|w| Path::new(w).file_name().unwrap_or(w).to_string_lossy().into_owned())
+        .collect();
+    eprintln!("xtask: {} took {:.0} s", words.join(" "), started.elapsed().as_secs_f64());
     if !status.success() {
         bail!("{cmd:?} failed with {status}");
     }

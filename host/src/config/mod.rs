@@ -116,8 +116,8 @@ pub enum BrokerKind {
     Rabbitmq,
     /// NATS JetStream, durable pull consumer.
     Nats,
-    /// Celery tasks on Celery's Redis transport, answered through Celery's
-    /// Redis result backend.
+    /// Celery tasks on Celery's Redis or AMQP (RabbitMQ) transport,
+    /// answered through Celery's Redis result backend.
     Celery,
 }
 
@@ -134,7 +134,8 @@ pub struct BrokerConfig {
     /// sends). Only tasks in these queues are taken.
     pub queues: Vec<String>,
     /// Celery: the Redis result backend results are written to (Celery's
-    /// `result_backend`). Unset: the broker's URL. `""`: write no results.
+    /// `result_backend`). Unset: the broker's URL if it is Redis, else
+    /// none. `""`: write no results.
     pub result_backend: Option<String>,
     /// Celery: how long results are kept, in seconds (Celery's
     /// `result_expires`, one day by default).

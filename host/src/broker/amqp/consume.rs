@@ -4,38 +4,43 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::stream::{self, SelectAll};
 use futures::{FutureExt, StreamExt};
-use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
+use lapin::BasicProperties;
 
-use super::link::{Inbox, Link};
-use super::wire::{convert, unavailable};
+use super::link::{Arrival, Inbox, Link};
+use super::wire::{delivery_count, unavailable, Held};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
-use crate::envelope::Delivery;
 
 /// The longest `fetch` waits for a first delivery: the worker checks for
 /// shutdown between fetches.
 const FETCH_WAIT: Duration = Duration::from_millis(100);
 
 impl Link {
-    /// Take one item of the consumer stream into the inbox.
-    pub(super) fn arrive(&self, inbox: &mut Inbox, item: Option<lapin::Result<AmqpDelivery>>) -> Result<(), BrokerError> {
+    /// Take one item of the merged consumer streams into the inbox.
+    pub(super) fn arrive(&self, inbox: &mut Inbox, item: Option<Arrival>) -> Result<(), BrokerError> {
         match item {
-            Some(Ok(delivery)) => {
-                inbox.arrived.push_back(delivery);
+            Some((queue, Some(Ok(delivery)))) => {
+                inbox.arrived.push_back((queue, delivery));
                 Ok(())
             }
-            Some(Err(e)) => {
+            Some((_, Some(Err(e)))) => {
                 self.broken.store(true, Ordering::Relaxed);
                 Err(unavailable("consume", e))
             }
+            Some((queue, None)) => {
+                self.broken.store(true, Ordering::Relaxed);
+                Err(BrokerError::Unavailable(format!(
+                    "RabbitMQ cancelled Idem's consumer of queue {} (was the queue deleted?); reconnecting",
+                    self.queues[queue]
+                )))
+            }
             None => {
                 self.broken.store(true, Ordering::Relaxed);
-                Err(BrokerError::Unavailable(
-                    "RabbitMQ cancelled Idem's consumer (was the queue deleted?); reconnecting".into(),
-                ))
+                Err(BrokerError::Unavailable("RabbitMQ cancelled Idem's consumers; reconnecting".into()))
             }
         }
     }
@@ -43,20 +48,24 @@ impl Link {
     /// Move every delivery that has already arrived into the inbox, without
     /// waiting. Bounded: the server pushes at most [`PREFETCH`](super::link::PREFETCH) unacked.
     pub(super) fn drain(&self, inbox: &mut Inbox) -> Result<(), BrokerError> {
-        while let Some(item) = inbox.consumer.as_mut().and_then(|c| c.next().now_or_never()) {
+        while let Some(item) = inbox.consumers.as_mut().and_then(|c| c.next().now_or_never()) {
             self.arrive(inbox, item)?;
         }
         Ok(())
     }
 
-    /// Start consuming, once.
+    /// Start consuming every queue, once.
     pub(super) async fn consume(&self, inbox: &mut Inbox) -> Result<(), BrokerError> {
-        if inbox.consumer.is_none() {
+        if inbox.consumers.is_some() {
+            return Ok(());
+        }
+        let mut merged = SelectAll::new();
+        for (index, queue) in self.queues.iter().enumerate() {
             let tag = format!("idem-{}", uuid::Uuid::new_v4().simple());
             let consumer = self
                 .consumer_channel
                 .basic_consume(
-                    self.queue.as_str().into(),
+                    queue.as_str().into(),
                     tag.into(),
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
@@ -64,17 +73,32 @@ impl Link {
                 .await
                 .map_err(|e| {
                     self.broken.store(true, Ordering::Relaxed);
-                    unavailable(&format!("consume queue {}", self.queue), e)
+                    unavailable(&format!("consume queue {queue}"), e)
                 })?;
-            inbox.consumer = Some(consumer);
+            // A stream that ends was cancelled by the server: say which.
+            let cancelled = stream::once(async move { (index, None) });
+            merged.push(consumer.map(move |item| (index, Some(item))).chain(cancelled).boxed());
         }
+        inbox.consumers = Some(merged);
         Ok(())
     }
 }
 
+/// A delivery as [`AmqpBroker::take_with`] shows it to its conversion.
+pub(crate) struct Incoming<'a> {
+    /// `{epoch}.{delivery tag}`.
+    pub(crate) receipt: String,
+    /// 1, or more for a redelivery (see the module documentation).
+    pub(crate) deliveries: u32,
+    pub(crate) properties: &'a BasicProperties,
+    pub(crate) body: &'a [u8],
+}
+
 impl AmqpBroker {
-    /// What [`Broker::fetch`](crate::broker::Broker::fetch) does.
-    pub(super) async fn take(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+    /// What [`Broker::fetch`](crate::broker::Broker::fetch) does: up to
+    /// `max` deliveries, each converted by `convert` and held until it is
+    /// settled.
+    pub(crate) async fn take_with<T>(&self, max: usize, mut convert: impl FnMut(Incoming<'_>) -> T) -> Result<Vec<T>, BrokerError> {
         if max == 0 {
             return Ok(Vec::new());
         }
@@ -82,8 +106,8 @@ impl AmqpBroker {
         let mut inbox = link.inbox.lock().await;
         link.consume(&mut inbox).await?;
         if inbox.arrived.is_empty() {
-            let consumer = inbox.consumer.as_mut().expect("consuming");
-            match tokio::time::timeout(FETCH_WAIT, consumer.next()).await {
+            let consumers = inbox.consumers.as_mut().expect("consuming");
+            match tokio::time::timeout(FETCH_WAIT, consumers.next()).await {
                 Err(_) => return Ok(Vec::new()),
                 Ok(item) => link.arrive(&mut inbox, item)?,
             }
@@ -96,10 +120,23 @@ impl AmqpBroker {
         let out = inbox
             .arrived
             .drain(..n)
-            .map(|d| {
-                let (delivery, entry) = convert(d, link.epoch);
-                held.insert(entry.0, entry.1);
-                delivery
+            .map(|(queue, d)| {
+                let deliveries = delivery_count(&d);
+                let out = convert(Incoming {
+                    receipt: format!("{}.{}", link.epoch, d.delivery_tag),
+                    deliveries,
+                    properties: &d.properties,
+                    body: &d.data,
+                });
+                let entry = Held {
+                    properties: d.properties,
+                    body: d.data,
+                    deliveries,
+                    queue,
+                    settling: false,
+                };
+                held.insert(d.delivery_tag, entry);
+                out
             })
             .collect();
         Ok(out)
@@ -116,7 +153,7 @@ impl AmqpBroker {
         // Delay queues before the main queue: a message expiring in between
         // is counted in the main queue rather than in neither.
         let admin = link.admin().await?;
-        for (_, name) in &self.names.delays {
+        for (_, name) in self.names.delays.iter().flatten() {
             let q = admin
                 .queue_declare(name.as_str().into(), passive, FieldTable::default())
                 .await
@@ -132,12 +169,14 @@ impl AmqpBroker {
         // Asked on the consuming channel: its answer comes after every
         // delivery the server sent that channel before counting, so each
         // message is either counted ready or already in the inbox below.
-        let q = link
-            .consumer_channel
-            .queue_declare(self.names.queue.as_str().into(), passive, FieldTable::default())
-            .await
-            .map_err(|e| unavailable(&format!("count queue {}", self.names.queue), e))?;
-        total += u64::from(q.message_count());
+        for queue in &self.names.queues {
+            let q = link
+                .consumer_channel
+                .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+                .await
+                .map_err(|e| unavailable(&format!("count queue {queue}"), e))?;
+            total += u64::from(q.message_count());
+        }
         let mut inbox = link.inbox.lock().await;
         link.drain(&mut inbox)?;
         total += inbox.arrived.len() as u64;

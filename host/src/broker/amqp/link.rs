@@ -7,9 +7,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
+use futures::stream::{BoxStream, SelectAll};
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer, PublisherConfirm};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm};
 
 use super::topology::{declare, Names};
 use super::wire::{unavailable, Held};
@@ -27,13 +28,18 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest a publish waits for the server's confirm.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What one of the consumers yields: the index of its queue, and the next
+/// delivery, an error, or `None` when the server cancelled it.
+pub(super) type Arrival = (usize, Option<lapin::Result<AmqpDelivery>>);
+
 /// Deliveries the server pushed and `fetch` has not handed out yet.
 pub(super) struct Inbox {
-    /// Started by the first `fetch`: a broker that only publishes or counts
-    /// (`idem publish`, `idem stats`) must not take deliveries it never
-    /// hands out.
-    pub(super) consumer: Option<Consumer>,
-    pub(super) arrived: VecDeque<AmqpDelivery>,
+    /// One consumer per queue, merged. Started by the first `fetch`: a
+    /// broker that only publishes or counts (`idem publish`, `idem stats`)
+    /// must not take deliveries it never hands out.
+    pub(super) consumers: Option<SelectAll<BoxStream<'static, Arrival>>>,
+    /// With the index of the queue each came from.
+    pub(super) arrived: VecDeque<(usize, AmqpDelivery)>,
 }
 
 /// The connections with their channels. Replaced as a whole when any part
@@ -48,7 +54,7 @@ pub(super) struct Link {
     pub(super) publishing: Connection,
     /// In confirm mode: every publish waits for the server's confirm.
     pub(super) publisher: Channel,
-    /// Consumes the main queue; deliveries are acked on it.
+    /// Consumes the queues; deliveries are acked on it.
     pub(super) consumer_channel: Channel,
     /// Passive declares of the delay queues for `pending` (a missing queue
     /// closes the channel it is asked on, so not one that matters).
@@ -56,8 +62,8 @@ pub(super) struct Link {
     pub(super) inbox: tokio::sync::Mutex<Inbox>,
     /// Fetched deliveries not yet acked, by delivery tag.
     pub(super) held: Mutex<BTreeMap<u64, Held>>,
-    /// The main queue's name.
-    pub(super) queue: String,
+    /// The queues consumed.
+    pub(super) queues: Vec<String>,
     /// The consumer was cancelled or failed, or a queue is missing.
     pub(super) broken: AtomicBool,
 }
@@ -74,7 +80,7 @@ impl Link {
             // No lapin auto-recovery: it would reopen channels whose delivery
             // tags restart at 1 under receipts the worker still holds. A
             // broken link is replaced as a whole, with a new epoch, instead.
-            let properties = ConnectionProperties::default().with_connection_name(format!("idem {} {role}", names.queue).into());
+            let properties = ConnectionProperties::default().with_connection_name(format!("idem {} {role}", names.queues.join(",")).into());
             async move {
                 tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
                     .await
@@ -87,7 +93,7 @@ impl Link {
         let consuming = dial("consumer").await?;
 
         let publisher = publishing.create_channel().await.with_context(hint)?;
-        declare(&publisher, names).await?;
+        declare(&publishing, &publisher, names).await?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
             .await
@@ -107,10 +113,10 @@ impl Link {
             consumer_channel,
             admin: Mutex::new(None),
             inbox: tokio::sync::Mutex::new(Inbox {
-                consumer: None,
+                consumers: None,
                 arrived: VecDeque::new(),
             }),
-            queue: names.queue.clone(),
+            queues: names.queues.clone(),
             held: Mutex::new(BTreeMap::new()),
             broken: AtomicBool::new(false),
         })

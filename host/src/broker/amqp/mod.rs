@@ -48,6 +48,14 @@
 //! strings. Header names starting with `idem-` are reserved for Idem; a
 //! table has one value per name, ordered by name.
 //!
+//! Another system's queues: [`AmqpBroker::connect_foreign`] opens the same
+//! machinery on queues Idem does not own (Celery's, for the `celery`
+//! broker): several consumed queues, each with its own delay buckets
+//! (`{ns}.celery.{queue}.retry.{ms}`) that expire back into it, no
+//! dead-letter exchange, and the queues declared only when missing, durable
+//! and without arguments, as their owner declares them. Deliveries are
+//! handed out raw ([`AmqpBroker::take_with`]) for the owner's format.
+//!
 //! The files follow that model: `topology` declares the queues, `link`
 //! holds the connections and publishes with confirms, `consume` takes what
 //! the server pushes, `settle` acks and gives deliveries back, `wire` maps
@@ -59,10 +67,14 @@ mod settle;
 mod topology;
 mod wire;
 
+pub(crate) use self::consume::Incoming;
+pub(crate) use self::wire::{copy_properties, value_string};
+
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lapin::BasicProperties;
 
 use self::link::{Link, CONNECT_TIMEOUT};
 use self::topology::Names;
@@ -96,7 +108,23 @@ impl AmqpBroker {
     /// vhost `/` written `%2f`) and declare the queues and exchange of
     /// `namespace` (idempotent; workers sharing a namespace share them).
     pub async fn connect(url: &str, namespace: &str) -> anyhow::Result<Self> {
-        let names = Names::new(namespace);
+        Self::open(url, Names::new(namespace)).await
+    }
+
+    /// Connect to consume another system's `queues` (Celery's): they are
+    /// declared only if missing, as that system declares them, and Idem's
+    /// delay queues for them live under `namespace`. Deliveries are handed
+    /// out raw, through [`AmqpBroker::take_with`].
+    pub(crate) async fn connect_foreign(url: &str, namespace: &str, queues: &[String]) -> anyhow::Result<Self> {
+        Self::open(url, Names::foreign(namespace, queues)).await
+    }
+
+    /// Delete the delay queues Idem declared for another system's `queues`.
+    pub async fn delete_foreign(url: &str, namespace: &str, queues: &[String]) -> anyhow::Result<()> {
+        topology::delete(url, &Names::foreign(namespace, queues)).await
+    }
+
+    async fn open(url: &str, names: Names) -> anyhow::Result<Self> {
         let link = Link::open(url, &names, 1).await?;
         Ok(AmqpBroker {
             url: url.to_string(),
@@ -104,6 +132,23 @@ impl AmqpBroker {
             link: RwLock::new(Arc::new(link)),
             reconnecting: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Publish persistent messages `(body, properties)` to consumed queue
+    /// `queue` (no delay) or to its delay bucket at or above `delay`, and
+    /// return once the server has confirmed every one of them.
+    pub(crate) async fn send_all(&self, queue: usize, messages: Vec<(&[u8], BasicProperties)>, delay: Duration) -> Result<(), BrokerError> {
+        let link = self.link().await?;
+        let route = self.names.route(queue, delay);
+        // Send the whole batch, then wait: the confirms arrive together.
+        let mut confirms = Vec::with_capacity(messages.len());
+        for (body, p) in messages {
+            confirms.push(link.send(route, body, p).await?);
+        }
+        for confirm in confirms {
+            link.confirmed(confirm, route).await?;
+        }
+        Ok(())
     }
 
     /// The current link, as it is (for acks: a new link could not ack
@@ -157,17 +202,8 @@ impl Broker for AmqpBroker {
         }
         // All or none are malformed before anything is sent.
         let properties = envelopes.iter().map(properties).collect::<Result<Vec<_>, _>>()?;
-        let link = self.link().await?;
-        let route = self.names.route(delay);
-        // Send the whole batch, then wait: the confirms arrive together.
-        let mut confirms = Vec::with_capacity(envelopes.len());
-        for (e, p) in envelopes.iter().zip(properties) {
-            confirms.push(link.send(route, &e.payload, p).await?);
-        }
-        for confirm in confirms {
-            link.confirmed(confirm, route).await?;
-        }
-        Ok(())
+        let messages = envelopes.iter().map(|e| e.payload.as_slice()).zip(properties).collect();
+        self.send_all(0, messages, delay).await
     }
 
     /// Hand out up to `max` deliveries the server has pushed to this
@@ -175,7 +211,7 @@ impl Broker for AmqpBroker {
     /// AMQP equivalent (see the module docs): a delivery stays with this
     /// connection until it is acked or the connection closes.
     async fn fetch(&self, max: usize, _visibility: Duration) -> Result<Vec<Delivery>, BrokerError> {
-        self.take(max).await
+        self.take_with(max, wire::convert).await
     }
 
     /// `basic.ack` the deliveries. One `multiple` ack when the receipts are

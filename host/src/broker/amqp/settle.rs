@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 
+use lapin::BasicProperties;
+
+use super::link::Link;
 use super::wire::{copy_properties, parse_receipt, unavailable};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
@@ -62,35 +65,48 @@ impl AmqpBroker {
 
     /// What [`Broker::nack`](crate::broker::Broker::nack) does.
     pub(super) async fn give_back(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
+        if !delay.is_zero() {
+            return self.copy_back(receipt, delay, |p, n| copy_properties(p, n + 1)).await.map(drop);
+        }
+        let link = self.current();
+        let (epoch, tag) = parse_receipt(receipt)?;
+        if epoch != link.epoch || link.hold(tag).is_none() {
+            return Ok(());
+        }
+        let options = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        let result = link.consumer_channel.basic_nack(tag, options).await;
+        link.held().remove(&tag);
+        result.map_err(|e| unavailable("nack", e))
+    }
+
+    /// Replace a held delivery by a copy that becomes visible in its queue
+    /// after `delay` (through the delay bucket at or above it), with the
+    /// properties `copy` makes of the original's and its delivery count.
+    /// The original is acked only once the copy is confirmed, so the
+    /// message exists somewhere at every moment (a crash in between leaves
+    /// two copies, which the claim store answers as a duplicate). Returns
+    /// the original's properties, or `None` for a receipt no longer held
+    /// (settled already, or from a closed connection).
+    pub(crate) async fn copy_back(
+        &self,
+        receipt: &str,
+        delay: Duration,
+        copy: impl FnOnce(BasicProperties, u32) -> BasicProperties,
+    ) -> Result<Option<BasicProperties>, BrokerError> {
         let link = self.current();
         let (epoch, tag) = parse_receipt(receipt)?;
         if epoch != link.epoch {
-            return Ok(());
+            return Ok(None);
         }
-        let (properties, body, deliveries) = {
-            let mut held = link.held();
-            match held.get_mut(&tag) {
-                Some(h) if !h.settling => {
-                    h.settling = true;
-                    (h.properties.clone(), h.body.clone(), h.deliveries)
-                }
-                _ => return Ok(()),
-            }
+        let Some((properties, body, deliveries, queue)) = link.hold(tag) else {
+            return Ok(None);
         };
-        if delay.is_zero() {
-            let options = BasicNackOptions {
-                multiple: false,
-                requeue: true,
-            };
-            let result = link.consumer_channel.basic_nack(tag, options).await;
-            link.held().remove(&tag);
-            return result.map_err(|e| unavailable("nack", e));
-        }
-
-        let route = self.names.route(delay);
-        let copy = copy_properties(properties, deliveries + 1);
+        let route = self.names.route(queue, delay);
         let sent = async {
-            let confirm = link.send(route, &body, copy).await?;
+            let confirm = link.send(route, &body, copy(properties.clone(), deliveries)).await?;
             link.confirmed(confirm, route).await
         }
         .await;
@@ -105,6 +121,23 @@ impl AmqpBroker {
         let result = link.consumer_channel.basic_ack(tag, BasicAckOptions::default()).await;
         link.held().remove(&tag);
         tracing::debug!(tag, route, "delivery moved to a delay queue");
-        result.map_err(|e| unavailable("ack after a delayed requeue", e))
+        result.map_err(|e| unavailable("ack after a delayed requeue", e))?;
+        Ok(Some(properties))
+    }
+}
+
+impl Link {
+    /// Mark a held delivery as being settled, and what a copy needs of it:
+    /// properties, body, delivery count, queue. `None` if it is not held or
+    /// already being settled.
+    fn hold(&self, tag: u64) -> Option<(BasicProperties, Vec<u8>, u32, usize)> {
+        let mut held = self.held();
+        match held.get_mut(&tag) {
+            Some(h) if !h.settling => {
+                h.settling = true;
+                Some((h.properties.clone(), h.body.clone(), h.deliveries, h.queue))
+            }
+            _ => None,
+        }
     }
 }

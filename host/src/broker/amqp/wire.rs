@@ -5,6 +5,7 @@ use lapin::message::Delivery as AmqpDelivery;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 
+use super::consume::Incoming;
 use crate::broker::BrokerError;
 use crate::envelope::{Delivery, Envelope};
 
@@ -56,7 +57,7 @@ pub(super) fn properties(e: &Envelope) -> Result<BasicProperties, BrokerError> {
 
 /// The properties of a copy republished by `nack`: the same, with the
 /// delivery count it stands for and without the server's dead-letter trail.
-pub(super) fn copy_properties(properties: BasicProperties, deliveries: u32) -> BasicProperties {
+pub(crate) fn copy_properties(properties: BasicProperties, deliveries: u32) -> BasicProperties {
     let mut headers = FieldTable::default();
     if let Some(old) = properties.headers() {
         for (name, value) in old {
@@ -74,49 +75,53 @@ pub(super) struct Held {
     pub(super) properties: BasicProperties,
     pub(super) body: Vec<u8>,
     pub(super) deliveries: u32,
+    /// The index of the queue it came from (a delayed copy goes back there).
+    pub(super) queue: usize,
     /// An ack or nack of this tag is under way: a second one would be an
     /// AMQP error that closes the channel, and a `multiple` ack must not
     /// cover it.
     pub(super) settling: bool,
 }
 
-/// An AMQP delivery as Idem's [`Delivery`], and what `nack` needs to keep.
-/// Never fails: a delivery without Idem's headers becomes one with an empty
-/// handler (or id), which the worker dead-letters as bad input.
-pub(super) fn convert(d: AmqpDelivery, epoch: u64) -> (Delivery, (u64, Held)) {
+/// How many times a delivery was delivered, as far as AMQP tells: 1, 2 if
+/// the server redelivered it, or the count a republished copy carries.
+pub(super) fn delivery_count(d: &AmqpDelivery) -> u32 {
+    let counted = d
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|t| t.inner().get(DELIVERIES_HEADER))
+        .map_or(0, |v| value_string(v).parse().unwrap_or(0));
+    (if d.redelivered { 2 } else { 1 }).max(counted)
+}
+
+/// An AMQP delivery as Idem's [`Delivery`]. Never fails: a delivery
+/// without Idem's headers becomes one with an empty handler (or id), which
+/// the worker dead-letters as bad input.
+pub(super) fn convert(d: Incoming<'_>) -> Delivery {
     let mut handler = String::new();
-    let mut counted = 0u32;
     let mut headers = Vec::new();
     if let Some(table) = d.properties.headers() {
         for (name, value) in table {
             match name.as_str() {
                 HANDLER_HEADER => handler = value_string(value),
-                DELIVERIES_HEADER => counted = value_string(value).parse().unwrap_or(0),
                 n if n.starts_with("idem-") || SERVER_HEADERS.contains(&n) => {}
                 n => headers.push((n.to_string(), value_string(value))),
             }
         }
     }
-    let delivery_count = (if d.redelivered { 2 } else { 1 }).max(counted);
     let id = d.properties.message_id().as_ref().map(|s| s.to_string()).unwrap_or_default();
-    let delivery = Delivery {
+    Delivery {
         envelope: Envelope {
             id,
             handler,
             headers,
-            payload: d.data.clone(),
+            payload: d.body.to_vec(),
         },
-        receipt: format!("{epoch}.{}", d.delivery_tag),
-        delivery_count,
+        receipt: d.receipt,
+        delivery_count: d.deliveries,
         refused: None,
-    };
-    let held = Held {
-        properties: d.properties,
-        body: d.data,
-        deliveries: delivery_count,
-        settling: false,
-    };
-    (delivery, (d.delivery_tag, held))
+    }
 }
 
 pub(super) fn string_value(s: &str) -> AMQPValue {
@@ -124,7 +129,7 @@ pub(super) fn string_value(s: &str) -> AMQPValue {
 }
 
 /// A header value as a string, whatever type a foreign producer gave it.
-fn value_string(v: &AMQPValue) -> String {
+pub(crate) fn value_string(v: &AMQPValue) -> String {
     match v {
         AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
         AMQPValue::ShortString(s) => s.to_string(),

@@ -42,47 +42,94 @@ pub struct Unreadable {
 /// Headers copied to the handler when they hold a value.
 const PASSED_HEADERS: &[&str] = &["root_id", "parent_id", "group", "eta", "expires", "origin"];
 
-/// Read a kombu Redis envelope.
+/// A Celery message's parts, whatever the transport carried them in.
+pub struct Parts<'a> {
+    /// The message headers (protocol 2 keeps the task's metadata there).
+    pub headers: &'a Map<String, Value>,
+    /// The `correlation_id` property (the task id, again).
+    pub correlation_id: &'a str,
+    /// The `content_type` property.
+    pub content_type: &'a str,
+    /// The body, decoded from the transport's encoding.
+    pub body: &'a [u8],
+}
+
+/// Read a kombu Redis envelope: JSON whose body is (usually) base64.
 pub fn decode(raw: &[u8]) -> Result<Task, Unreadable> {
-    let unreadable = |id: &str, name: &str, reason: String| Unreadable {
-        id: id.to_string(),
-        name: name.to_string(),
-        reason,
-    };
-    let envelope: Map<String, Value> = serde_json::from_slice(raw).map_err(|e| {
-        unreadable(
-            "",
-            "",
-            format!("not a Celery message: the queue entry is not a kombu JSON envelope ({e})"),
-        )
+    let envelope: Map<String, Value> = serde_json::from_slice(raw).map_err(|e| Unreadable {
+        id: String::new(),
+        name: String::new(),
+        reason: format!("not a Celery message: the queue entry is not a kombu JSON envelope ({e})"),
     })?;
     let empty = Map::new();
     let headers = envelope.get("headers").and_then(Value::as_object).unwrap_or(&empty);
     let properties = envelope.get("properties").and_then(Value::as_object).unwrap_or(&empty);
     let text = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    let id = match text(headers, "id") {
-        id if !id.is_empty() => id,
-        _ => text(properties, "correlation_id"),
+    let (correlation_id, content_type) = (text(properties, "correlation_id"), text(&envelope, "content-type"));
+    let names = Parts {
+        headers,
+        correlation_id: &correlation_id,
+        content_type: &content_type,
+        body: b"",
     };
-    let name = text(headers, "task");
-    let content_type = text(&envelope, "content-type");
-    if content_type != "application/json" {
-        return Err(unreadable(
-            &id,
-            &name,
-            format!(
-                "the task body is {content_type:?}; Idem reads only JSON: set task_serializer = 'json' (Celery's default) in the producer"
-            ),
-        ));
-    }
+    names.check_type()?;
+    let unreadable = |reason: String| {
+        let (id, name) = names.names();
+        Unreadable { id, name, reason }
+    };
+    let decoded;
     let body = match envelope.get("body") {
-        Some(Value::String(body)) if text(properties, "body_encoding") == "base64" => base64::engine::general_purpose::STANDARD
-            .decode(body)
-            .map_err(|e| unreadable(&id, &name, format!("the task body is not valid base64 ({e})")))?,
-        Some(Value::String(body)) => body.clone().into_bytes(),
-        _ => return Err(unreadable(&id, &name, "the envelope has no body".into())),
+        Some(Value::String(body)) if text(properties, "body_encoding") == "base64" => {
+            decoded = base64::engine::general_purpose::STANDARD
+                .decode(body)
+                .map_err(|e| unreadable(format!("the task body is not valid base64 ({e})")))?;
+            decoded.as_slice()
+        }
+        Some(Value::String(body)) => body.as_bytes(),
+        _ => return Err(unreadable("the envelope has no body".into())),
     };
-    let body: Value = serde_json::from_slice(&body).map_err(|e| unreadable(&id, &name, format!("the task body is not JSON ({e})")))?;
+    read(Parts { body, ..names })
+}
+
+impl Parts<'_> {
+    /// The task id and name the headers give (empty when missing).
+    fn names(&self) -> (String, String) {
+        let text = |k: &str| self.headers.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let id = match text("id") {
+            id if !id.is_empty() => id,
+            _ => self.correlation_id.to_string(),
+        };
+        (id, text("task"))
+    }
+
+    /// Only JSON bodies are read.
+    fn check_type(&self) -> Result<(), Unreadable> {
+        if self.content_type == "application/json" {
+            return Ok(());
+        }
+        let (id, name) = self.names();
+        Err(Unreadable {
+            id,
+            name,
+            reason: format!(
+                "the task body is {:?}; Idem reads only JSON: set task_serializer = 'json' (Celery's default) in the producer",
+                self.content_type
+            ),
+        })
+    }
+}
+
+/// Read a Celery message from its parts.
+pub fn read(parts: Parts<'_>) -> Result<Task, Unreadable> {
+    let (id, name) = parts.names();
+    let headers = parts.headers;
+    let unreadable = |id: &str, name: &str, reason: String| Unreadable {
+        id: id.to_string(),
+        name: name.to_string(),
+        reason,
+    };
+    parts.check_type()?;
+    let body: Value = serde_json::from_slice(parts.body).map_err(|e| unreadable(&id, &name, format!("the task body is not JSON ({e})")))?;
     if name.is_empty() {
         let reason = if body.get("task").is_some() {
             "Celery message protocol 1 is not supported: send with task_protocol = 2 (Celery's default since 4.0)".to_string()
@@ -186,11 +233,21 @@ pub fn with_retry(raw: &[u8]) -> Vec<u8> {
     serde_json::to_vec(&envelope).unwrap_or_else(|_| raw.to_vec())
 }
 
-/// A protocol 2 envelope for a task, as `send_task` would write it to
-/// `queue`: used by `idem publish` and dead-letter replay. A payload of the
-/// form `{"args": [...], "kwargs": {...}}` gives the arguments; any other
-/// payload is passed as the only positional argument.
-pub fn encode(id: &str, task: &str, queue: &str, headers: &[(String, String)], payload: &[u8], origin: &str) -> Vec<u8> {
+/// A task as a Celery producer sends it: headers and a JSON body.
+pub struct Message {
+    /// The task id (also the `correlation_id` property).
+    pub id: String,
+    /// The protocol 2 headers, a JSON object.
+    pub headers: Value,
+    /// `[args, kwargs, embed]`.
+    pub body: Vec<u8>,
+}
+
+/// A protocol 2 task, as `send_task` would send it: used by `idem publish`
+/// and dead-letter replay. A payload of the form `{"args": [...],
+/// "kwargs": {...}}` gives the arguments; any other payload is passed as
+/// the only positional argument.
+pub fn message(id: &str, task: &str, headers: &[(String, String)], payload: &[u8], origin: &str) -> Message {
     let value: Value = serde_json::from_slice(payload).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(payload).into()));
     let (args, kwargs) = match &value {
         Value::Object(m) if !m.is_empty() && m.keys().all(|k| k == "args" || k == "kwargs") => (
@@ -202,19 +259,28 @@ pub fn encode(id: &str, task: &str, queue: &str, headers: &[(String, String)], p
     let header = |k: &str| headers.iter().find(|(name, _)| name == k).map(|(_, v)| v.as_str());
     let retries: u64 = header("celery.retries").and_then(|r| r.parse().ok()).unwrap_or(0);
     let body = json!([args, kwargs, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]);
-    let envelope = json!({
-        "body": base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(&body).expect("JSON values serialise")),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {
+    Message {
+        id: id.to_string(),
+        headers: json!({
             "lang": "py", "task": task, "id": id, "shadow": null, "eta": null, "expires": null,
             "group": null, "group_index": null, "retries": retries, "timelimit": [null, null],
             "root_id": header("celery.root_id").unwrap_or(id), "parent_id": header("celery.parent_id"),
             "argsrepr": args.to_string(), "kwargsrepr": kwargs.to_string(), "origin": origin,
             "ignore_result": false, "replaced_task_nesting": 0, "stamped_headers": null, "stamps": {},
-        },
+        }),
+        body: serde_json::to_vec(&body).expect("JSON values serialise"),
+    }
+}
+
+/// A task as kombu's Redis transport writes it to `queue`.
+pub fn encode(message: &Message, queue: &str) -> Vec<u8> {
+    let envelope = json!({
+        "body": base64::engine::general_purpose::STANDARD.encode(&message.body),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": message.headers,
         "properties": {
-            "correlation_id": id, "reply_to": "", "delivery_mode": 2,
+            "correlation_id": message.id, "reply_to": "", "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0, "body_encoding": "base64", "delivery_tag": uuid::Uuid::new_v4().to_string(),
         },
@@ -275,19 +341,15 @@ mod tests {
     fn encode_and_retry_round_trip_through_decode() {
         let headers = vec![("celery.retries".to_string(), "1".to_string())];
         let raw = encode(
-            "t-9",
-            "billing.pay",
+            &message("t-9", "billing.pay", &headers, br#"{"args":[7],"kwargs":{"k":"v"}}"#, "idem@h"),
             "celery",
-            &headers,
-            br#"{"args":[7],"kwargs":{"k":"v"}}"#,
-            "idem@h",
         );
         let t = decode(&raw).unwrap();
         assert_eq!(t.payload, br#"{"args":[7],"kwargs":{"k":"v"}}"#);
         assert!(t.headers.contains(&("celery.retries".into(), "1".into())));
         let again = decode(&with_retry(&raw)).unwrap();
         assert!(again.headers.contains(&("celery.retries".into(), "2".into())));
-        let other = decode(&encode("t-8", "n", "celery", &[], br#"{"amount":3}"#, "o")).unwrap();
+        let other = decode(&encode(&message("t-8", "n", &[], br#"{"amount":3}"#, "o"), "celery")).unwrap();
         assert_eq!(other.payload, br#"{"args":[{"amount":3}],"kwargs":{}}"#);
     }
 

@@ -445,6 +445,12 @@ pub async fn cleanup(config: &Config) {
     if let (BrokerKind::Rabbitmq, Some(url)) = (config.broker.kind, &config.broker.url) {
         let _ = crate::broker::amqp::AmqpBroker::delete_namespace(url, ns).await;
     }
+    if let (BrokerKind::Celery, Some(url)) = (config.broker.kind, &config.broker.url) {
+        if url.starts_with("amqp") {
+            // Idem's delay queues only: the Celery queues are Celery's.
+            let _ = crate::broker::amqp::AmqpBroker::delete_foreign(url, ns, &config.broker.queues).await;
+        }
+    }
     if let (BrokerKind::Nats, Some(url)) = (config.broker.kind, &config.broker.url) {
         if let Ok(client) = async_nats::connect(url.as_str()).await {
             let _ = async_nats::jetstream::new(client).delete_stream(ns).await;
