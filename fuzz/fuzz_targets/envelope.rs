@@ -2,7 +2,7 @@
 //! queue entry is read or refused with a reason, never a panic.
 #![no_main]
 
-use idem_host::envelope::{derive_key, idempotency_key, payload_hash, Envelope};
+use idem_wire::envelope::{derive_key, idempotency_key, payload_hash, Envelope};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let raw = Envelope { id: "m".into(), handler: "h".into(), headers: vec![], payload: data.to_vec() };
     let _ = derive_key(&raw, Some("/payment_id"));
     // The same bytes as an entry of a Celery queue, and as its retry.
-    use idem_host::broker::celery::wire;
+    use idem_wire::celery as wire;
     if let Ok(task) = wire::decode(data) {
         assert!(!task.id.is_empty() && !task.name.is_empty());
         let _ = wire::decode(&wire::with_retry(data));

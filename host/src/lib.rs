@@ -17,7 +17,7 @@ pub mod claim;
 pub mod clock;
 pub mod config;
 pub mod dlq;
-pub mod envelope;
+pub use idem_wire::envelope;
 pub mod hooks;
 pub mod message_file;
 pub mod observe;

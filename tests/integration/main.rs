@@ -10,6 +10,7 @@ mod broker_conformance;
 mod broker_nats;
 mod broker_redis;
 mod celery;
+mod claims_model;
 mod cli;
 mod conformance;
 mod crash;

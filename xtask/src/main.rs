@@ -138,7 +138,7 @@ fn try_main() -> Result<()> {
             run(&mut cmd)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | fuzz [-- SECONDS] | plugins | build | lint | chart IN.json OUT.png>");
+            eprintln!("usage: cargo xtask <demo [-- ARGS] | test [-- ARGS] | chaos [-- ARGS] | fuzz [-- SECONDS [TARGET…]] | plugins | build | lint | chart IN.json OUT.png>");
             if task == "help" {
                 Ok(())
             } else {
@@ -148,11 +148,21 @@ fn try_main() -> Result<()> {
     }
 }
 
-/// Build the cargo-fuzz targets and run each briefly (`-- SECONDS` to set
-/// how long; 20 s by default). cargo-fuzz needs nightly-only compiler flags;
-/// `RUSTC_BOOTSTRAP=1` lets this stable toolchain accept them.
+/// Build cargo-fuzz targets and run each briefly: `-- [SECONDS [TARGET…]]`,
+/// 20 s and the `envelope` target by default. `claims` builds the whole
+/// host under the fuzzer's flags (about twenty minutes here); its model
+/// check also runs in the test suite on seeded random sequences.
+/// cargo-fuzz needs nightly-only compiler flags; `RUSTC_BOOTSTRAP=1` lets
+/// this stable toolchain accept them.
 fn fuzz(root: &Path, rest: &[String]) -> Result<()> {
     let seconds = rest.first().map(String::as_str).unwrap_or("20");
+    let mut targets: Vec<&str> = rest.iter().skip(1).map(String::as_str).collect();
+    if targets.is_empty() {
+        targets.push("envelope");
+    }
+    if let Some(unknown) = targets.iter().find(|t| !["envelope", "claims"].contains(t)) {
+        bail!("no fuzz target {unknown:?}: the targets are envelope and claims");
+    }
     let installed = Command::new("cargo")
         .args(["fuzz", "--version"])
         .output()
@@ -163,17 +173,27 @@ fn fuzz(root: &Path, rest: &[String]) -> Result<()> {
     }
     let fuzz_dir = root.join("fuzz");
     let target_dir = root.join("target/fuzz");
-    run(Command::new("cargo")
-        .args(["fuzz", "build", "-O", "--target-dir"])
-        .arg(&target_dir)
-        .current_dir(&fuzz_dir)
-        .env("RUSTC_BOOTSTRAP", "1"))?;
-    for target in ["envelope", "claims"] {
+    let features: &[&str] = if targets.contains(&"claims") {
+        &["--features", "claims"]
+    } else {
+        &[]
+    };
+    for target in &targets {
+        run(Command::new("cargo")
+            .args(["fuzz", "build", "-O", "--target-dir"])
+            .arg(&target_dir)
+            .args(features)
+            .arg(target)
+            .current_dir(&fuzz_dir)
+            .env("RUSTC_BOOTSTRAP", "1"))?;
+    }
+    for target in &targets {
         let corpus = target_dir.join("corpus").join(target);
         std::fs::create_dir_all(&corpus)?;
         run(Command::new("cargo")
             .args(["fuzz", "run", "-O", "--target-dir"])
             .arg(&target_dir)
+            .args(features)
             .arg(target)
             .arg(&corpus)
             .args(["--", &format!("-max_total_time={seconds}"), "-rss_limit_mb=4096"])

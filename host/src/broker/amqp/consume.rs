@@ -8,10 +8,9 @@ use futures::stream::{self, SelectAll};
 use futures::{FutureExt, StreamExt};
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::BasicProperties;
 
 use super::link::{Arrival, Inbox, Link};
-use super::wire::{delivery_count, unavailable, Held};
+use super::wire::{delivery_count, unavailable, Held, Incoming};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
 
@@ -82,16 +81,6 @@ impl Link {
         inbox.consumers = Some(merged);
         Ok(())
     }
-}
-
-/// A delivery as [`AmqpBroker::take_with`] shows it to its conversion.
-pub(crate) struct Incoming<'a> {
-    /// `{epoch}.{delivery tag}`.
-    pub(crate) receipt: String,
-    /// 1, or more for a redelivery (see the module documentation).
-    pub(crate) deliveries: u32,
-    pub(crate) properties: &'a BasicProperties,
-    pub(crate) body: &'a [u8],
 }
 
 impl AmqpBroker {

@@ -67,8 +67,7 @@ mod settle;
 mod topology;
 mod wire;
 
-pub(crate) use self::consume::Incoming;
-pub(crate) use self::wire::{copy_properties, value_string};
+pub(crate) use self::wire::{copy_properties, value_string, Incoming};
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

@@ -5,7 +5,6 @@ use lapin::message::Delivery as AmqpDelivery;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 
-use super::consume::Incoming;
 use crate::broker::BrokerError;
 use crate::envelope::{Delivery, Envelope};
 
@@ -68,6 +67,16 @@ pub(crate) fn copy_properties(properties: BasicProperties, deliveries: u32) -> B
     }
     headers.insert(DELIVERIES_HEADER.into(), AMQPValue::LongUInt(deliveries));
     properties.with_headers(headers).with_delivery_mode(PERSISTENT)
+}
+
+/// A delivery as [`AmqpBroker::take_with`](super::AmqpBroker::take_with) shows it to its conversion.
+pub(crate) struct Incoming<'a> {
+    /// `{epoch}.{delivery tag}`.
+    pub(crate) receipt: String,
+    /// 1, or more for a redelivery (see the module documentation).
+    pub(crate) deliveries: u32,
+    pub(crate) properties: &'a BasicProperties,
+    pub(crate) body: &'a [u8],
 }
 
 /// What `nack` needs to republish a delivery it has not acked yet.

@@ -22,7 +22,7 @@
 pub mod amqp;
 pub mod redis;
 pub mod results;
-pub mod wire;
+pub use idem_wire::celery as wire;
 
 use std::collections::HashMap;
 use std::time::Duration;
