@@ -368,6 +368,48 @@ async fn celery_broker_on(ns: &str, transport: Transport) -> idem_host::broker::
     .unwrap()
 }
 
+/// Celery's `retries` header of a delivery.
+fn retries(d: &idem_host::envelope::Delivery) -> Option<String> {
+    d.envelope
+        .headers
+        .iter()
+        .find(|(k, _)| k == "celery.retries")
+        .map(|(_, v)| v.clone())
+}
+
+/// Retry `held`: it comes back after its delay with Celery's retries header
+/// one higher and shows as RETRY in the result backend meanwhile; then a
+/// hand-back (nack after `hand_back`) does not count as a retry. Returns
+/// the retried delivery (its receipt now stale) and the handed-back one.
+async fn retry_then_hand_back(
+    broker: &dyn idem_host::broker::Broker,
+    held: &idem_host::envelope::Delivery,
+    hand_back: Duration,
+) -> (idem_host::envelope::Delivery, idem_host::envelope::Delivery) {
+    let before: u64 = retries(held).unwrap().parse().unwrap();
+    broker.retry(&held.receipt, Duration::from_millis(200), "timeout").await.unwrap();
+    let meta: String = redis::cmd("GET")
+        .arg(format!("celery-task-meta-{}", held.envelope.id))
+        .query_async(&mut brokers::redis_conn().await)
+        .await
+        .unwrap();
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(
+        (meta["status"].as_str(), &meta["result"]["exc_message"]),
+        (Some("RETRY"), &serde_json::json!(["timeout"]))
+    );
+    let visibility = Duration::from_secs(30);
+    let mut retried = brokers::fetch_until(broker, 10, visibility, "the retried task").await;
+    assert_eq!(brokers::ids(&retried), [held.envelope.id.as_str()]);
+    assert_eq!(retried[0].envelope.payload, held.envelope.payload);
+    let after = (before + 1).to_string();
+    assert_eq!(retries(&retried[0]).as_deref(), Some(after.as_str()));
+    broker.nack(&retried[0].receipt, hand_back).await.unwrap();
+    let mut again = brokers::fetch_until(broker, 10, visibility, "the handed-back task").await;
+    assert_eq!(retries(&again[0]).as_deref(), Some(after.as_str()));
+    (retried.remove(0), again.remove(0))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
     use idem_host::broker::Broker;
@@ -406,38 +448,11 @@ async fn a_vanished_workers_tasks_come_back_and_retries_count_in_the_task() {
     assert_eq!(redelivered[0].envelope.payload, lost.envelope.payload);
     one.ack(&[&kept.receipt]).await.unwrap();
 
-    // A retry comes back after its delay with Celery's retries header one
-    // higher, and shows as RETRY in the result backend meanwhile; a
-    // hand-back (nack) does not count as a retry.
-    two.retry(&redelivered[0].receipt, Duration::from_millis(200), "timeout")
-        .await
-        .unwrap();
-    let meta: String = redis::cmd("GET")
-        .arg(format!("celery-task-meta-{}", redelivered[0].envelope.id))
-        .query_async(&mut brokers::redis_conn().await)
-        .await
-        .unwrap();
-    let meta: Value = serde_json::from_str(&meta).unwrap();
-    assert_eq!(
-        (meta["status"].as_str(), &meta["result"]["exc_message"]),
-        (Some("RETRY"), &serde_json::json!(["timeout"]))
-    );
-    let retried = brokers::fetch_until(&two, 10, Duration::from_secs(30), "the retried task").await;
-    let header = |d: &idem_host::envelope::Delivery| {
-        d.envelope
-            .headers
-            .iter()
-            .find(|(k, _)| k == "celery.retries")
-            .map(|(_, v)| v.clone())
-    };
-    assert_eq!(header(&retried[0]).as_deref(), Some("1"));
-    two.nack(&retried[0].receipt, Duration::ZERO).await.unwrap();
-    let again = brokers::fetch_until(&two, 10, Duration::from_secs(30), "the handed-back task").await;
-    assert_eq!(header(&again[0]).as_deref(), Some("1"));
+    let (_, again) = retry_then_hand_back(&two, &redelivered[0], Duration::ZERO).await;
     // A stale receipt settles nothing; the current one empties the queue.
     one.ack(&[&lost.receipt]).await.unwrap();
     assert_eq!(two.pending().await.unwrap(), 1);
-    two.ack(&[&again[0].receipt]).await.unwrap();
+    two.ack(&[&again.receipt]).await.unwrap();
     assert_eq!(two.pending().await.unwrap(), 0);
 }
 
@@ -479,37 +494,11 @@ async fn on_rabbitmq_a_dropped_connections_tasks_come_back_and_retries_count_in_
     assert_eq!(ids, [sent[0].id.as_str(), sent[1].id.as_str()]);
     assert!(back.iter().all(|d| d.delivery_count == 2), "redelivered");
 
-    // A retry comes back after its delay with Celery's retries header one
-    // higher, and shows as RETRY meanwhile; a hand-back does not count.
-    let header = |d: &idem_host::envelope::Delivery| {
-        d.envelope
-            .headers
-            .iter()
-            .find(|(k, _)| k == "celery.retries")
-            .map(|(_, v)| v.clone())
-    };
-    assert_eq!(header(&back[0]).as_deref(), Some("0"));
-    two.retry(&back[0].receipt, Duration::from_millis(200), "timeout").await.unwrap();
-    let meta: String = redis::cmd("GET")
-        .arg(format!("celery-task-meta-{}", back[0].envelope.id))
-        .query_async(&mut brokers::redis_conn().await)
-        .await
-        .unwrap();
-    let meta: Value = serde_json::from_str(&meta).unwrap();
-    assert_eq!(
-        (meta["status"].as_str(), &meta["result"]["exc_message"]),
-        (Some("RETRY"), &serde_json::json!(["timeout"]))
-    );
-    let retried = brokers::fetch_until(&two, 10, visibility, "the retried task").await;
-    assert_eq!(brokers::ids(&retried), [back[0].envelope.id.as_str()]);
-    assert_eq!(header(&retried[0]).as_deref(), Some("1"));
-    assert_eq!(retried[0].envelope.payload, back[0].envelope.payload);
-    two.nack(&retried[0].receipt, Duration::from_millis(100)).await.unwrap();
-    let again = brokers::fetch_until(&two, 10, visibility, "the handed-back task").await;
-    assert_eq!(header(&again[0]).as_deref(), Some("1"));
+    assert_eq!(retries(&back[0]).as_deref(), Some("0"));
+    let (retried, again) = retry_then_hand_back(&two, &back[0], Duration::from_millis(100)).await;
     // A stale receipt settles nothing; the current ones empty the queue.
-    two.ack(&[&retried[0].receipt]).await.unwrap();
+    two.ack(&[&retried.receipt]).await.unwrap();
     assert_eq!(two.pending().await.unwrap(), 2);
-    two.ack(&[&again[0].receipt, &back[1].receipt]).await.unwrap();
+    two.ack(&[&again.receipt, &back[1].receipt]).await.unwrap();
     assert_eq!(two.pending().await.unwrap(), 0);
 }
