@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Make sure the services the test suite talks to answer on their default
 # local ports: PostgreSQL 5432 (database "test", user postgres, trust auth),
-# Redis 6379, RabbitMQ 5672 (guest/guest), NATS with JetStream 4222.
+# Redis 6379, RabbitMQ 5672 (guest/guest), NATS with JetStream 4222, and
+# an SQS-compatible server on 4566 (moto's server mode, pinned, installed
+# from PyPI into target/tools/moto-venv, started by scripts/sqs-server.py;
+# it keeps its queues in memory).
 # A service that does not answer is started; one that is not installed is
 # installed with apt-get first. Idempotent: on a machine where they all run,
 # it only checks.
@@ -66,7 +69,27 @@ nats() {
   wait_for nats 4222 20
 }
 
+sqs() {
+  answers 4566 && { echo "services: sqs (moto) answers on 4566"; return; }
+  local root venv
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  venv="$root/target/tools/moto-venv"
+  if [ ! -x "$venv/bin/moto_server" ] || ! grep -qx "$MOTO" "$venv/pinned" 2>/dev/null; then
+    echo "services: installing $MOTO into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$MOTO"
+    echo "$MOTO" >"$venv/pinned"
+  fi
+  mkdir -p "$root/target/tools"
+  setsid "$venv/bin/python" "$root/scripts/sqs-server.py" -H 127.0.0.1 -p 4566 \
+    >"$root/target/tools/moto.log" 2>&1 </dev/null &
+  wait_for "sqs (moto)" 4566 60
+}
+MOTO="moto[server]==5.2.5"
+
 postgres
 redis
 rabbitmq
 nats
+sqs

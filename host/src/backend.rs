@@ -193,6 +193,24 @@ fn celery_options(config: &Config) -> Result<crate::broker::celery::CeleryOption
     })
 }
 
+/// What the sqs broker takes from a configuration.
+pub fn sqs_options(config: &Config) -> crate::broker::sqs::SqsOptions {
+    let b = &config.broker;
+    crate::broker::sqs::SqsOptions {
+        endpoint: b.url.clone(),
+        region: b.region.clone(),
+        queue: b.queue.clone().unwrap_or_else(|| config.namespace.clone()),
+        wait_secs: b.wait_secs,
+        max_attempts: config.retry.max_attempts,
+        group_pointer: b.group_pointer.clone(),
+        key_pointers: config
+            .plugins
+            .iter()
+            .filter_map(|(name, p)| Some((name.clone(), p.key_pointer.clone()?)))
+            .collect(),
+    }
+}
+
 /// The backends a configuration names.
 pub async fn open(config: &Config) -> Result<Backends> {
     let ns = &config.namespace;
@@ -213,6 +231,7 @@ pub async fn open(config: &Config) -> Result<Backends> {
         BrokerKind::Rabbitmq => Arc::new(crate::broker::amqp::AmqpBroker::connect(config.broker.url()?, ns).await?),
         BrokerKind::Nats => Arc::new(crate::broker::nats::NatsBroker::connect(config.broker.url()?, ns, config.worker.visibility()).await?),
         BrokerKind::Celery => Arc::new(crate::broker::celery::CeleryBroker::connect(celery_options(config)?).await?),
+        BrokerKind::Sqs => Arc::new(crate::broker::sqs::SqsBroker::connect(sqs_options(config)).await?),
     };
     fn both<T: ClaimStore + ClaimAdmin>(store: T) -> (Arc<dyn ClaimStore>, Arc<dyn ClaimAdmin>) {
         let store = Arc::new(store);

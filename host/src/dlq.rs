@@ -9,8 +9,6 @@
 //! done. The claim keeps the payload hash, so a replayed message whose key
 //! was reused with another payload is still a conflict.
 
-use std::time::Duration;
-
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
@@ -98,7 +96,7 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
         };
         backends
             .broker
-            .publish(std::slice::from_ref(&envelope), Duration::ZERO)
+            .republish(&envelope)
             .await
             .with_context(|| format!("dead letter {}: cannot republish message {}", d.id, d.msg_id))?;
         backends.admin.dead_letter_remove(&[d.id]).await?;

@@ -1,11 +1,11 @@
 //! The broker conformance suite: one sequence of checks, written once
 //! against the [`Broker`] trait, that every broker (SQLite, Redis, RabbitMQ,
-//! NATS JetStream) runs unchanged, one test per broker at the end.
+//! NATS JetStream, SQS) runs unchanged, one test per broker at the end.
 //!
 //! Where a broker's model departs from the trait's plain reading, it says
 //! so in [`Broker::semantics`] and the suite checks what it promises
 //! instead: a delivery that is not acked comes back after the visibility it
-//! was fetched with (`Visibility::PerDelivery`: SQLite, Redis), after the
+//! was fetched with (`Visibility::PerDelivery`: SQLite, Redis, SQS), after the
 //! timeout fixed when the broker was built (`Visibility::Fixed`: NATS), or
 //! only once the connection holding it closes
 //! (`Visibility::UntilDisconnect`: RabbitMQ). Nothing is skipped.
@@ -378,6 +378,15 @@ async fn nats_broker_conforms() {
         let ns = ns.as_str();
         let ack_wait = Duration::from_secs(1);
         broker_conformance(move || async move { Arc::new(brokers::nats(ns, ack_wait).await) as Arc<dyn Broker> }).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_broker_conforms() {
+    brokers::in_sqs_queue(false, |queue| async move {
+        let options = &brokers::sqs_options(&queue);
+        broker_conformance(move || async move { Arc::new(brokers::sqs(options).await) as Arc<dyn Broker> }).await;
     })
     .await;
 }

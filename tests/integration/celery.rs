@@ -135,6 +135,7 @@ async fn celery_env(tag: &str, transport: Transport, postgres: bool) -> (CeleryS
         queues: vec![side.idem_queue.clone()],
         result_backend: Some(services::redis()),
         result_expires_secs: 600,
+        ..BrokerConfig::default()
     };
     if postgres {
         env.use_postgres(8);

@@ -207,6 +207,11 @@ pub mod services {
     pub fn nats() -> String {
         var("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
     }
+    /// An SQS-compatible server (`scripts/services.sh` starts one), reached
+    /// with the AWS credentials of the environment.
+    pub fn sqs() -> String {
+        var("IDEM_TEST_SQS_URL", "http://127.0.0.1:4566")
+    }
 }
 
 /// A namespace no other test uses: tests share servers, never keys,
@@ -226,6 +231,7 @@ pub mod brokers {
     use idem_host::broker::amqp::AmqpBroker;
     use idem_host::broker::nats::NatsBroker;
     use idem_host::broker::redis::RedisBroker;
+    use idem_host::broker::sqs::{SqsBroker, SqsOptions};
     use idem_host::broker::Broker;
     use idem_host::envelope::{Delivery, Envelope};
 
@@ -388,6 +394,54 @@ pub mod brokers {
         NatsBroker::connect(&services::nats(), ns, ack_wait)
             .await
             .unwrap_or_else(|e| panic!("NATS with JetStream at {}: {e:#}", services::nats()))
+    }
+
+    /// The options of an SQS broker on queue `queue` of the test server,
+    /// receiving without waiting (the suite's checks that nothing is due
+    /// must not wait for what becomes due meanwhile).
+    pub fn sqs_options(queue: &str) -> SqsOptions {
+        SqsOptions {
+            endpoint: Some(services::sqs()),
+            region: None,
+            queue: queue.to_string(),
+            wait_secs: 0,
+            max_attempts: 5,
+            group_pointer: None,
+            key_pointers: Default::default(),
+        }
+    }
+
+    /// An SQS broker with these options.
+    pub async fn sqs(options: &SqsOptions) -> SqsBroker {
+        SqsBroker::connect(options.clone())
+            .await
+            .unwrap_or_else(|e| panic!("SQS at IDEM_TEST_SQS_URL ({}): {e:#}", services::sqs()))
+    }
+
+    /// [`in_namespace`] for SQS: a queue named after the namespace (FIFO
+    /// when `fifo`) is created first and deleted after.
+    pub async fn in_sqs_queue<B, Fut>(fifo: bool, body: B)
+    where
+        B: FnOnce(String) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        in_namespace(
+            "sqs",
+            |ns| async move {
+                let queue = if fifo { format!("{ns}.fifo") } else { ns };
+                SqsBroker::create_queue(&sqs_options(&queue), &[])
+                    .await
+                    .unwrap_or_else(|e| panic!("SQS at IDEM_TEST_SQS_URL ({}): {e:#}", services::sqs()));
+                body(queue).await
+            },
+            |ns| async move {
+                for queue in [format!("{ns}.fifo"), ns] {
+                    SqsBroker::delete_queue(&sqs_options(&queue)).await;
+                }
+                Ok::<(), String>(())
+            },
+        )
+        .await;
     }
 
     /// [`in_namespace`] for NATS: the stream is deleted.

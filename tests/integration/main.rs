@@ -9,6 +9,7 @@ mod broker_amqp;
 mod broker_conformance;
 mod broker_nats;
 mod broker_redis;
+mod broker_sqs;
 mod celery;
 mod claims_model;
 mod cli;

@@ -67,11 +67,19 @@ fn tail(path: &Path) -> String {
 
 /// Two workers, one SIGKILLed mid-run and restarted; then check everything.
 async fn two_workers_survive_a_kill(example_file: &str) {
+    two_workers_survive_a_kill_with(example_file, Duration::from_millis(300), |_| {}).await;
+}
+
+/// [`two_workers_survive_a_kill`] with the mock APIs' slow answers taking
+/// `slow_for`, and the configuration changed by `tweak`.
+async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration, tweak: impl FnOnce(&mut Config)) {
     let dir = tempfile::tempdir().unwrap();
-    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
-    let config = config_from_example(example_file, dir.path(), &mock);
+    let mock = Mock::start(slow_for).await.unwrap();
+    let mut config = config_from_example(example_file, dir.path(), &mock);
+    tweak(&mut config);
     let config_path = dir.path().join("idem.toml");
     std::fs::write(&config_path, toml::to_string(&config).unwrap()).unwrap();
+    idem_host::tools::chaos::prepare_broker(&config).await.unwrap();
 
     let backends = idem_host::backend::open(&config).await.unwrap();
     mock.watch_journal(backends.claims.clone());
@@ -163,6 +171,9 @@ pub async fn cleanup(config: &Config) {
     if config.broker.kind == BrokerKind::Rabbitmq {
         crate::broker_amqp::delete_namespace(ns).await.unwrap();
     }
+    if config.broker.kind == BrokerKind::Sqs {
+        idem_host::broker::sqs::SqsBroker::delete_queue(&idem_host::backend::sqs_options(config)).await;
+    }
     if config.broker.kind == BrokerKind::Nats {
         let client = async_nats::connect(services::nats()).await.unwrap();
         async_nats::jetstream::new(client).delete_stream(ns).await.unwrap();
@@ -190,6 +201,23 @@ async fn rabbitmq_postgres_two_workers_survive_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_postgres_two_workers_survive_sigkill() {
     two_workers_survive_a_kill("nats-postgres.toml").await;
+}
+
+/// The article's scenario on SQS: the visibility timeout (1 s) is shorter
+/// than the slowest handlers (their API answers after 1.5 s) and than the
+/// heartbeat that would extend it (2 s), so SQS hands running messages to
+/// the other worker; the claims answer those deliveries busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_postgres_two_workers_survive_sigkill_with_a_visibility_shorter_than_handlers() {
+    two_workers_survive_a_kill_with("sqs-postgres.toml", Duration::from_millis(1_500), |c| {
+        c.broker.url = Some(services::sqs());
+        c.broker.queue = Some(c.namespace.clone());
+        c.broker.wait_secs = 1;
+        c.worker.visibility_ms = 1_000;
+        c.worker.heartbeat_ms = Some(2_000);
+        c.worker.lease_ms = 6_000;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

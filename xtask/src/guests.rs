@@ -35,9 +35,11 @@ fn newest(dirs: &[PathBuf]) -> Result<SystemTime> {
 /// Build every Python and JavaScript example plugin into `out` with `idem`
 /// (skipping those whose component is newer than their sources, the SDK
 /// and the WIT world, which the `idem` binary embeds, and the build code
-/// that pins the toolchains and their flags).
+/// that pins the toolchains and their flags). Two builds run at a time:
+/// each is mostly one process working on one core.
 pub(super) fn build_guest_plugins(root: &Path, idem: &Path, out: &Path) -> Result<()> {
     let tools = root.join("target/tools");
+    let mut builds: Vec<Command> = Vec::new();
     for (lang, sdk, suffix) in [
         ("python", root.join("guest-sdk/python/idem"), "py"),
         ("js", root.join("guest-sdk/js/idem.js"), "js"),
@@ -57,14 +59,45 @@ pub(super) fn build_guest_plugins(root: &Path, idem: &Path, out: &Path) -> Resul
             {
                 continue;
             }
-            run(Command::new(idem)
-                .args(["plugin", "build"])
+            let mut cmd = Command::new(idem);
+            cmd.args(["plugin", "build"])
                 .arg(&dir)
                 .arg("--out")
                 .arg(&target)
                 .arg("--tools-dir")
-                .arg(&tools))?;
+                .arg(&tools);
+            builds.push(cmd);
         }
     }
-    Ok(())
+    // The first build of each language installs its toolchain: one at a
+    // time until each language has built once.
+    let mut first: Vec<Command> = Vec::new();
+    for lang in ["python", "js"] {
+        if let Some(i) = builds.iter().position(|c| {
+            c.get_args()
+                .nth(2)
+                .is_some_and(|a| a.to_string_lossy().contains(&format!("/{lang}/")))
+        }) {
+            first.push(builds.remove(i));
+        }
+    }
+    for mut cmd in first {
+        run(&mut cmd)?;
+    }
+    let queue = std::sync::Mutex::new(builds);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    loop {
+                        let Some(mut cmd) = queue.lock().expect("build queue poisoned").pop() else {
+                            return Ok(());
+                        };
+                        run(&mut cmd)?;
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| w.join().expect("a build thread panicked"))
+    })
 }

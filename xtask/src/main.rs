@@ -56,7 +56,7 @@ fn try_main() -> Result<()> {
                 .args(plugin_excludes(&root)?)
                 .env("IDEM_PLUGIN_DIR", &plugins)
                 .args(&rest);
-            run(&mut cmd)?;
+            run(local_aws_credentials(&mut cmd))?;
             // A CI-sized chaos run per example deployment, on the binary the
             // tests just built. Fixed seeds keep CI reproducible; run
             // `cargo xtask chaos -- --config FILE` for new seeds.
@@ -68,6 +68,7 @@ fn try_main() -> Result<()> {
                     ("redis-postgres", 102, "rust"),
                     ("rabbitmq-postgres", 103, "rust"),
                     ("nats-postgres", 104, "rust"),
+                    ("sqs-postgres", 107, "rust"),
                     ("redis-postgres", 105, "python"),
                     ("rabbitmq-postgres", 106, "js"),
                 ] {
@@ -88,7 +89,7 @@ fn try_main() -> Result<()> {
                         .arg(root.join("examples").join(format!("{config}.toml")))
                         .arg("--plugins")
                         .arg(&plugins);
-                    run(&mut chaos)?;
+                    run(local_aws_credentials(&mut chaos))?;
                 }
             }
             Ok(())
@@ -98,7 +99,7 @@ fn try_main() -> Result<()> {
             let plugins = build_plugins(&root)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
-            run(&mut cmd)
+            run(local_aws_credentials(&mut cmd))
         }
         "fuzz" => fuzz(&root, &rest),
         "chart" => match rest.as_slice() {
@@ -206,6 +207,21 @@ fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// Credentials for the local SQS-compatible server the tests and chaos
+/// runs use (it accepts any), where the environment sets none.
+fn local_aws_credentials(cmd: &mut Command) -> &mut Command {
+    for (name, value) in [
+        ("AWS_ACCESS_KEY_ID", "idem-test"),
+        ("AWS_SECRET_ACCESS_KEY", "idem-test"),
+        ("AWS_REGION", "us-east-1"),
+    ] {
+        if std::env::var_os(name).is_none() {
+            cmd.env(name, value);
+        }
+    }
+    cmd
 }
 
 /// Run a command, saying how long it took (CI logs show where the time goes).

@@ -11,7 +11,7 @@
 //!
 //! - **Visibility.** SQLite and Redis make each delivery invisible for the
 //!   `visibility` that `fetch` and `extend` pass
-//!   ([`Visibility::PerDelivery`]). NATS JetStream fixes it when the
+//!   ([`Visibility::PerDelivery`]); so does SQS, in whole seconds. NATS JetStream fixes it when the
 //!   consumer is created (`ack_wait`, from `worker.visibility_ms`), so there
 //!   the argument is only a hint and `extend` restarts the fixed timeout
 //!   ([`Visibility::Fixed`]). RabbitMQ has no timeout at all: a delivery
@@ -27,6 +27,7 @@ pub mod celery;
 pub mod nats;
 pub mod redis;
 pub mod sqlite;
+pub mod sqs;
 
 use std::time::Duration;
 
@@ -109,6 +110,13 @@ pub trait Broker: Send + Sync + 'static {
     async fn extend(&self, receipts: &[&str], visibility: Duration) -> Result<(), BrokerError>;
     /// Messages not yet acked (visible or in flight).
     async fn pending(&self) -> Result<u64, BrokerError>;
+    /// Publish a message again that was published before (a dead letter's
+    /// replay). Brokers that drop a second publish of one id (SQS FIFO's
+    /// deduplication window) must still deliver it; the default is a plain
+    /// `publish`.
+    async fn republish(&self, envelope: &Envelope) -> Result<(), BrokerError> {
+        self.publish(std::slice::from_ref(envelope), Duration::ZERO).await
+    }
     /// Where this broker departs from the plain reading of the methods
     /// above.
     fn semantics(&self) -> Semantics {

@@ -77,8 +77,26 @@ impl Config {
             }
             _ => {}
         }
-        if self.broker.kind != BrokerKind::Sqlite {
+        // SQS without a url is AWS's own endpoint for the region.
+        if !matches!(self.broker.kind, BrokerKind::Sqlite | BrokerKind::Sqs) {
             self.broker.url()?;
+        }
+        if self.broker.kind == BrokerKind::Sqs {
+            if self.broker.wait_secs > 20 {
+                bail!(
+                    "broker.wait_secs = {} is over SQS's longest wait: set 0 to 20",
+                    self.broker.wait_secs
+                );
+            }
+            if self.worker.visibility_ms > 43_200_000 {
+                bail!(
+                    "worker.visibility_ms = {} is over SQS's longest visibility (12 hours): lower it",
+                    self.worker.visibility_ms
+                );
+            }
+            if let Some(p) = self.broker.group_pointer.as_deref().filter(|p| !p.starts_with('/')) {
+                bail!("broker.group_pointer = {p:?} is not a JSON pointer: write it as /field or /field/sub");
+            }
         }
         if self.claims.kind != StoreKind::Sqlite {
             self.claims.url("claims")?;

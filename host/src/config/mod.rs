@@ -119,17 +119,35 @@ pub enum BrokerKind {
     /// Celery tasks on Celery's Redis or AMQP (RabbitMQ) transport,
     /// answered through Celery's Redis result backend.
     Celery,
+    /// Amazon SQS (standard or FIFO queue), or an SQS-compatible server.
+    Sqs,
 }
 
 /// `[broker]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// `sqlite` (default), `redis`, `rabbitmq`, `nats` or `celery`.
+    /// `sqlite` (default), `redis`, `rabbitmq`, `nats`, `celery` or `sqs`.
     pub kind: BrokerKind,
     /// Server URL, e.g. `redis://127.0.0.1:6379`,
     /// `amqp://guest:guest@127.0.0.1:5672/%2f`, `nats://127.0.0.1:4222`.
+    /// SQS: an endpoint other than AWS's own (a local SQS-compatible
+    /// server); unset: AWS's endpoint for the region.
     pub url: Option<String>,
+    /// SQS: the queue's name or URL (a name ending in `.fifo` is a FIFO
+    /// queue). Unset: the namespace. Idem does not create it.
+    pub queue: Option<String>,
+    /// SQS: the AWS region. Unset: the environment's (`AWS_REGION`, the
+    /// profile), or `us-east-1` with a `url` of a local server.
+    pub region: Option<String>,
+    /// SQS: how long a receive waits for messages when the queue is empty
+    /// (long polling), 0 to 20 seconds. Longer waits make fewer empty
+    /// receives; a stopping worker waits for its receive to end.
+    pub wait_secs: u64,
+    /// SQS FIFO: JSON pointer into the payload whose value is the message
+    /// group (messages of one group run in order). Unset: the plugin's
+    /// `key_pointer`, else the message id (no order across messages).
+    pub group_pointer: Option<String>,
     /// Celery: the queues consumed (the first is where `idem publish`
     /// sends). Only tasks in these queues are taken.
     pub queues: Vec<String>,
@@ -150,6 +168,10 @@ impl Default for BrokerConfig {
             queues: vec!["celery".into()],
             result_backend: None,
             result_expires_secs: 86_400,
+            queue: None,
+            region: None,
+            wait_secs: 5,
+            group_pointer: None,
         }
     }
 }

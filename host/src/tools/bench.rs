@@ -51,6 +51,8 @@ pub enum Scenario {
     C,
     /// NATS JetStream, Postgres claims and data.
     D,
+    /// SQS (a local SQS-compatible server), Postgres claims and data.
+    E,
 }
 
 /// Component, native twin, or both alternating.
@@ -67,7 +69,8 @@ pub enum HandlerChoice {
 /// `idem bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Scenarios to run (comma-separated): a, b, c, d.
+    /// Scenarios to run (comma-separated): a, b, c, d, e (e: SQS, against
+    /// the server at --sqs-url).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d")]
     pub scenario: Vec<Scenario>,
     /// Messages per run.
@@ -108,6 +111,10 @@ pub struct BenchArgs {
     /// NATS with JetStream (scenario d).
     #[arg(long, env = "IDEM_BENCH_NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    /// An SQS endpoint (scenario e), with AWS credentials in the
+    /// environment.
+    #[arg(long, env = "IDEM_BENCH_SQS_URL", default_value = "http://127.0.0.1:4566")]
+    pub sqs_url: String,
     /// Print the whole report as JSON (last line).
     #[arg(long)]
     pub json: bool,
@@ -305,14 +312,12 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, handler: &str, dir: &st
             c.data.kind = StoreKind::Postgres;
             c.data.url = pg;
         }
-        Scenario::C | Scenario::D => {
-            if scenario == Scenario::C {
-                c.broker.kind = BrokerKind::Rabbitmq;
-                c.broker.url = Some(args.amqp_url.clone());
-            } else {
-                c.broker.kind = BrokerKind::Nats;
-                c.broker.url = Some(args.nats_url.clone());
-            }
+        Scenario::C | Scenario::D | Scenario::E => {
+            (c.broker.kind, c.broker.url) = match scenario {
+                Scenario::C => (BrokerKind::Rabbitmq, Some(args.amqp_url.clone())),
+                Scenario::D => (BrokerKind::Nats, Some(args.nats_url.clone())),
+                _ => (BrokerKind::Sqs, Some(args.sqs_url.clone())),
+            };
             c.claims.kind = StoreKind::Postgres;
             c.claims.url = pg.clone();
             c.data.kind = StoreKind::Postgres;
@@ -374,6 +379,7 @@ async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) ->
     let dir = tempfile::tempdir()?;
     let config = scenario_config(args, scenario, handler, dir.path());
     let (plugin, _, _) = plugin_of(scenario);
+    crate::tools::chaos::prepare_broker(&config).await?;
     let result = measure(args, &config, scenario, plugin, handler).await;
     crate::tools::chaos::cleanup(&config).await;
     result

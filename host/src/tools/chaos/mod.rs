@@ -153,6 +153,11 @@ fn chaos_config(
     let mut demo = demo_config(dir.join("idem.db"), &plugins, mock, 8);
     use_lang(&mut demo, args.lang);
     config.namespace = format!("chaos_{}_{}", seed % 1_000_000, &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    if config.broker.kind == BrokerKind::Sqs {
+        // A queue of the run's own, FIFO if the example's is.
+        let fifo = config.broker.queue.as_deref().is_some_and(|q| q.ends_with(".fifo"));
+        config.broker.queue = Some(format!("{}{}", config.namespace, if fifo { ".fifo" } else { "" }));
+    }
     config.database.path = dir.join("idem.db");
     config.endpoints = demo.endpoints;
     // Every plugin from the built directory, by file name: the workers read
@@ -221,6 +226,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
         config_paths.push(path);
     }
     let uses_postgres = config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres;
+    prepare_broker(&config).await?;
 
     let backends = crate::backend::open(&config).await?;
     mock.watch_journal(backends.claims.clone());
@@ -425,14 +431,27 @@ async fn disconnect_broker(config: &Config, redis: Option<&OwnRedis>) -> Result<
             }
             Ok(closed)
         }
-        BrokerKind::Nats | BrokerKind::Sqlite | BrokerKind::Celery => Ok(false),
+        BrokerKind::Nats | BrokerKind::Sqlite | BrokerKind::Celery | BrokerKind::Sqs => Ok(false),
     }
 }
 
+/// Create what a run's namespace needs on a broker where Idem creates
+/// nothing itself: the SQS queue (FIFO when the example's queue is).
+pub async fn prepare_broker(config: &Config) -> Result<()> {
+    if config.broker.kind == BrokerKind::Sqs {
+        crate::broker::sqs::SqsBroker::create_queue(&crate::backend::sqs_options(config), &[]).await?;
+    }
+    Ok(())
+}
+
 /// Drop a namespace's resources on its servers: the Postgres schema, the
-/// RabbitMQ queues, the NATS stream, the Redis keys. Best effort.
+/// RabbitMQ queues, the NATS stream, the SQS queue, the Redis keys. Best
+/// effort.
 pub async fn cleanup(config: &Config) {
     let ns = &config.namespace;
+    if config.broker.kind == BrokerKind::Sqs {
+        crate::broker::sqs::SqsBroker::delete_queue(&crate::backend::sqs_options(config)).await;
+    }
     if config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres {
         if let Some(url) = postgres_url(config) {
             if let Ok(pool) = sqlx::PgPool::connect(&url).await {

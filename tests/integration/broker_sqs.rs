@@ -1,0 +1,340 @@
+//! What only SQS can show, against a real SQS-compatible server
+//! (`IDEM_TEST_SQS_URL`; `scripts/services.sh` starts one): FIFO order
+//! within a group across retries and consumers, FIFO deduplication and
+//! replays, expired receipts, and the errors a wrong queue, missing
+//! credentials or a redrive policy that would pre-empt Idem's dead letters
+//! give at start. What every broker does is checked by
+//! `broker_conformance`. Each test creates its own queue and deletes it
+//! afterwards, also on failure.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem_host::broker::sqs::SqsBroker;
+use idem_host::broker::Broker;
+use idem_host::envelope::Envelope;
+
+use crate::common::brokers::{self, fetch_until, in_sqs_queue};
+use crate::common::{services, unique_namespace};
+
+fn message(group: u32, seq: u32) -> Envelope {
+    Envelope {
+        id: format!("g{group}-m{seq}"),
+        handler: "h".into(),
+        headers: vec![],
+        payload: serde_json::to_vec(&serde_json::json!({"account": format!("acct-{group}"), "seq": seq})).unwrap(),
+    }
+}
+
+/// Three groups of eight messages, consumed by two consumers that run
+/// what they fetch at once, each in a task of its own; every third message
+/// fails its first attempt and is given back for a retry. Each group's
+/// messages still complete in publish order, and a group never has two
+/// deliveries running at once, across both consumers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_groups_keep_their_order_across_retries_and_consumers() {
+    in_sqs_queue(true, |queue| async move {
+        let mut options = brokers::sqs_options(&queue);
+        options.group_pointer = Some("/account".into());
+        let consumers: Vec<Arc<SqsBroker>> = vec![Arc::new(brokers::sqs(&options).await), Arc::new(brokers::sqs(&options).await)];
+        assert!(consumers[0].is_fifo());
+        let (groups, per_group) = (3u32, 8u32);
+        // Interleaved, as producers of several accounts would publish.
+        let all: Vec<Envelope> = (0..per_group).flat_map(|s| (0..groups).map(move |g| message(g, s))).collect();
+        consumers[0].publish(&all, Duration::ZERO).await.unwrap();
+
+        let done: Arc<Mutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
+        let running: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let failed_once: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let retries = Arc::new(Mutex::new(0u32));
+        let total = all.len();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut tasks = tokio::task::JoinSet::new();
+        while done.lock().unwrap().values().map(Vec::len).sum::<usize>() < total {
+            assert!(Instant::now() < deadline, "timed out: {:?}", done.lock().unwrap());
+            for c in &consumers {
+                for d in c.fetch(10, Duration::from_secs(10)).await.unwrap() {
+                    let payload: serde_json::Value = serde_json::from_slice(&d.envelope.payload).unwrap();
+                    let group = payload["account"].as_str().unwrap().to_string();
+                    let seq = payload["seq"].as_u64().unwrap();
+                    assert!(
+                        running.lock().unwrap().insert(group.clone()),
+                        "{group} has two deliveries running at once ({})",
+                        d.envelope.id
+                    );
+                    let (c, done, running, failed_once, retries) =
+                        (c.clone(), done.clone(), running.clone(), failed_once.clone(), retries.clone());
+                    tasks.spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(20 + seq * 7 % 30)).await;
+                        let fail = seq.is_multiple_of(3) && failed_once.lock().unwrap().insert(d.envelope.id.clone());
+                        running.lock().unwrap().remove(&group);
+                        if fail {
+                            *retries.lock().unwrap() += 1;
+                            c.retry(&d.receipt, Duration::from_secs(1), "transient").await.unwrap();
+                        } else {
+                            done.lock().unwrap().entry(group).or_default().push(seq);
+                            c.ack(&[&d.receipt]).await.unwrap();
+                        }
+                    });
+                }
+            }
+            while let Some(t) = tasks.try_join_next() {
+                t.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        while let Some(t) = tasks.join_next().await {
+            t.unwrap();
+        }
+        let done = done.lock().unwrap().clone();
+        let in_order: Vec<u64> = (0..u64::from(per_group)).collect();
+        for g in 0..groups {
+            assert_eq!(done[&format!("acct-{g}")], in_order, "group acct-{g} in publish order");
+        }
+        assert_eq!(*retries.lock().unwrap(), groups * 3, "every third message was retried once");
+        assert_eq!(consumers[0].pending().await.unwrap(), 0);
+    })
+    .await;
+}
+
+/// FIFO's own deduplication drops a second publish of one message id
+/// within its window (Idem's claims would have answered it as a
+/// duplicate anyway); a dead letter's replay is still delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_dedupes_a_republished_id_but_delivers_a_replay() {
+    in_sqs_queue(true, |queue| async move {
+        let b = brokers::sqs(&brokers::sqs_options(&queue)).await;
+        let e = message(1, 1);
+        for _ in 0..2 {
+            b.publish(std::slice::from_ref(&e), Duration::ZERO).await.unwrap();
+        }
+        assert_eq!(b.pending().await.unwrap(), 1, "the second publish of the id was dropped");
+        let got = fetch_until(&b, 10, Duration::from_secs(30), "the message").await;
+        assert_eq!(got.len(), 1);
+
+        // Within the window, as a replay soon after a dead-lettering is.
+        b.republish(&e).await.unwrap();
+        assert_eq!(b.pending().await.unwrap(), 2, "the replay was not dropped");
+        b.ack(&[&got[0].receipt]).await.unwrap();
+        let replayed = fetch_until(&b, 10, Duration::from_secs(30), "the replay").await;
+        assert_eq!(replayed.len(), 1);
+        assert_eq!(replayed[0].envelope, e);
+        b.ack(&[&replayed[0].receipt]).await.unwrap();
+    })
+    .await;
+}
+
+/// A receipt SQS no longer accepts (the message was deleted, or its
+/// delivery went to another consumer) is a fenced-out delivery: extending
+/// or giving it back does nothing and is not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_expired_receipts_are_fenced_out_not_errors() {
+    in_sqs_queue(false, |queue| async move {
+        let b = brokers::sqs(&brokers::sqs_options(&queue)).await;
+        b.publish(&[brokers::envelope("x")], Duration::ZERO).await.unwrap();
+        let got = fetch_until(&b, 10, Duration::from_secs(30), "x").await;
+        b.ack(&[&got[0].receipt]).await.unwrap();
+        b.extend(&[&got[0].receipt], Duration::from_secs(30)).await.unwrap();
+        b.nack(&got[0].receipt, Duration::ZERO).await.unwrap();
+        b.ack(&[&got[0].receipt]).await.unwrap();
+        assert_eq!(b.pending().await.unwrap(), 0);
+        assert!(b.fetch(10, Duration::from_secs(30)).await.unwrap().is_empty());
+    })
+    .await;
+}
+
+/// Messages another producer sent without Idem's attributes: the SQS
+/// message id is the id, their attributes the headers, and a message
+/// naming no handler is refused with the attribute to set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_messages_from_other_producers() {
+    in_sqs_queue(false, |queue| async move {
+        let b = brokers::sqs(&brokers::sqs_options(&queue)).await;
+        let client = sdk_client().await;
+        let url = client.get_queue_url().queue_name(&queue).send().await.unwrap().queue_url.unwrap();
+        let attr = |v: &str| {
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(v)
+                .build()
+                .unwrap()
+        };
+        let sent = client
+            .send_message()
+            .queue_url(&url)
+            .message_body(r#"{"user":"u1","balance":5}"#)
+            .message_attributes("Idem-Handler", attr("grant-credits"))
+            .message_attributes("traceparent", attr("00-abc-01"))
+            .send()
+            .await
+            .unwrap();
+        client
+            .send_message()
+            .queue_url(&url)
+            .message_body("no handler")
+            .send()
+            .await
+            .unwrap();
+        let mut got = brokers::fetch_n(&b, 2, Duration::from_secs(30), "both").await;
+        got.sort_by_key(|d| d.refused.is_some());
+        let e = &got[0].envelope;
+        assert_eq!(e.id, sent.message_id.unwrap());
+        assert_eq!(e.handler, "grant-credits");
+        assert_eq!(e.headers, vec![("traceparent".to_string(), "00-abc-01".to_string())]);
+        assert_eq!(got[0].refused, None);
+        let refused = got[1].refused.as_deref().unwrap();
+        assert!(refused.contains("Idem-Handler"), "{refused}");
+        b.ack(&brokers::receipts(&got)).await.unwrap();
+    })
+    .await;
+}
+
+/// Wrong settings fail at start with the setting to change: a queue that
+/// does not exist, a redrive policy whose maxReceiveCount could move a
+/// message to SQS's dead-letter queue before Idem's attempts are made, and
+/// (in an `idem` process without them) missing credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_wrong_settings_are_refused_at_start_with_the_fix() {
+    let missing = brokers::sqs_options(&unique_namespace("missing"));
+    let err = SqsBroker::connect(missing)
+        .await
+        .err()
+        .expect("a missing queue is refused")
+        .to_string();
+    assert!(err.contains("does not exist") && err.contains("broker.queue"), "{err}");
+
+    in_sqs_queue(false, |dlq| async move {
+        let client = sdk_client().await;
+        let dlq_url = client.get_queue_url().queue_name(&dlq).send().await.unwrap().queue_url.unwrap();
+        let arn = client
+            .get_queue_attributes()
+            .queue_url(&dlq_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+            .clone();
+        let queue = format!("{dlq}-main");
+        let options = brokers::sqs_options(&queue);
+        let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"3"}}"#);
+        SqsBroker::create_queue(&options, &[("RedrivePolicy", &policy)]).await.unwrap();
+        let err = SqsBroker::connect(options.clone()).await.err().map(|e| e.to_string());
+        SqsBroker::delete_queue(&options).await;
+        let err = err.expect("a redrive policy that pre-empts Idem is refused");
+        assert!(err.contains("maxReceiveCount = 3") && err.contains("retry.max_attempts"), "{err}");
+
+        // No credentials anywhere the standard chain looks.
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("idem.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "namespace = \"{dlq}\"\n[broker]\nkind = \"sqs\"\nurl = \"{}\"\n[database]\npath = \"{}\"\n",
+                services::sqs(),
+                dir.path().join("idem.db").display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.args(["stats", "--config"]).arg(&config);
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
+            cmd.env_remove(k);
+        }
+        let out = cmd
+            .env("AWS_CONFIG_FILE", dir.path().join("none"))
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains("no AWS credentials were found") && stderr.contains("AWS_ACCESS_KEY_ID"),
+            "{stderr}"
+        );
+    })
+    .await;
+}
+
+/// The SDK's own client for the test server, as another producer or an
+/// operator has.
+async fn sdk_client() -> aws_sdk_sqs::Client {
+    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(services::sqs())
+        .region(aws_config::Region::new("us-east-1"))
+        .http_client(
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+                ))
+                .build_https(),
+        )
+        .load()
+        .await;
+    aws_sdk_sqs::Client::new(&shared)
+}
+
+/// Throttling and 5xx answers are retried with backoff before a call
+/// fails: in front of the server, a proxy answers the first two requests
+/// of every three with 503 (as SQS does when it is overloaded), then
+/// passes the third through. Publishing, receiving and deleting all get
+/// through, each after its retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_throttling_and_5xx_are_retried_with_backoff() {
+    in_sqs_queue(false, |queue| async move {
+        let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = seen.clone();
+        let upstream = services::sqs();
+        let http = reqwest::Client::new();
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let (counter, upstream, http) = (counter.clone(), upstream.clone(), http.clone());
+            async move {
+                use axum::response::IntoResponse;
+                let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if n % 3 != 2 {
+                    let body = r#"{"__type":"com.amazonaws.sqs#ServiceUnavailable","message":"try again"}"#;
+                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+                }
+                let (parts, body) = req.into_parts();
+                let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+                let mut out = http.post(format!("{upstream}{}", parts.uri.path()));
+                for (k, v) in &parts.headers {
+                    if k != axum::http::header::HOST {
+                        out = out.header(k, v);
+                    }
+                }
+                let answer = out.body(body).send().await.unwrap();
+                let status = answer.status();
+                let headers = answer.headers().clone();
+                let bytes = answer.bytes().await.unwrap();
+                let mut response = (status, bytes).into_response();
+                for (k, v) in &headers {
+                    if k == "content-type" || k.as_str().starts_with("x-amz") {
+                        response.headers_mut().insert(k, v.clone());
+                    }
+                }
+                response
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let mut options = brokers::sqs_options(&queue);
+        options.endpoint = Some(format!("http://{addr}"));
+        let b = brokers::sqs(&options).await;
+        b.publish(&[brokers::envelope("x")], Duration::ZERO).await.unwrap();
+        let got = fetch_until(&b, 10, Duration::from_secs(30), "x").await;
+        b.ack(&[&got[0].receipt]).await.unwrap();
+        assert_eq!(b.pending().await.unwrap(), 0);
+        let requests = seen.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            requests >= 15,
+            "each of the 5+ calls was answered 503 twice first: {requests} requests"
+        );
+    })
+    .await;
+}
