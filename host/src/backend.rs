@@ -211,6 +211,25 @@ pub fn sqs_options(config: &Config) -> crate::broker::sqs::SqsOptions {
     }
 }
 
+/// The claim store's clock. A store that went away after it was connected
+/// (restarted while this process starts) is waited for, as a running worker
+/// waits out an outage (G8); one still unreachable after 30 s is an error.
+async fn start_clock(admin: Arc<dyn ClaimAdmin>) -> Result<Arc<StoreClock>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match StoreClock::start(admin.clone(), 0).await {
+            Ok(clock) => return Ok(clock),
+            Err(e @ crate::claim::ClaimError::Unavailable(_)) if std::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, retry_in = ?wait, "cannot read the claim store's clock; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => anyhow::bail!("cannot read the claim store's clock: {e}"),
+        }
+    }
+}
+
 /// The backends a configuration names.
 pub async fn open(config: &Config) -> Result<Backends> {
     let ns = &config.namespace;
@@ -281,9 +300,7 @@ pub async fn open(config: &Config) -> Result<Backends> {
     } else {
         claims
     };
-    let clock = StoreClock::start(admin.clone(), 0)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot read the claim store's clock: {e}"))?;
+    let clock = start_clock(admin.clone()).await?;
     Ok(Backends {
         broker,
         claims,
