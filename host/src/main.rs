@@ -238,6 +238,9 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     stats.settled_claims,
                     stats.journal_entries
                 );
+                for (part, n) in &stats.backlog {
+                    println!("  {part}: {n} pending");
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

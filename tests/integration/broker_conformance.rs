@@ -1,6 +1,7 @@
 //! The broker conformance suite: one sequence of checks, written once
 //! against the [`Broker`] trait, that every broker (SQLite, Redis, RabbitMQ,
-//! NATS JetStream, SQS) runs unchanged, one test per broker at the end.
+//! NATS JetStream, SQS, Kafka) runs unchanged, one test per broker at the
+//! end.
 //!
 //! Where a broker's model departs from the trait's plain reading, it says
 //! so in [`Broker::semantics`] and the suite checks what it promises
@@ -8,7 +9,10 @@
 //! was fetched with (`Visibility::PerDelivery`: SQLite, Redis, SQS), after the
 //! timeout fixed when the broker was built (`Visibility::Fixed`: NATS), or
 //! only once the connection holding it closes
-//! (`Visibility::UntilDisconnect`: RabbitMQ). Nothing is skipped.
+//! (`Visibility::UntilDisconnect`: RabbitMQ, Kafka). Where counts are exact
+//! only at the consumer that owns a message (`exact_only_at_owner`: Kafka),
+//! the other consumer's figures are checked for what they promise. Nothing
+//! is skipped.
 //!
 //! The suite takes a way to connect consumers of one queue, each with its
 //! own connection as another worker process would have, and leaves one
@@ -59,7 +63,7 @@ where
     // From here on two consumers share the queue. Where the server pushes
     // deliveries (RabbitMQ), any of them may be the one that has a message.
     let consumers = vec![one, connect().await];
-    two_consumers_never_hold_the_same_delivery(&consumers).await;
+    two_consumers_never_hold_the_same_delivery(&consumers, semantics).await;
     extend_keeps_a_delivery_from_other_consumers(&consumers, semantics).await;
     a_vanished_consumers_delivery_goes_to_another(consumers, semantics).await;
 }
@@ -207,7 +211,7 @@ async fn fetch_due(b: &dyn Broker, what: &str) -> Vec<Delivery> {
 /// Both consumers fetch at once, in small batches, until every message was
 /// handed out: none goes to both while it is held (each consumer extends
 /// what it holds, as a worker's heartbeat does).
-async fn two_consumers_never_hold_the_same_delivery(consumers: &[Arc<dyn Broker>]) {
+async fn two_consumers_never_hold_the_same_delivery(consumers: &[Arc<dyn Broker>], semantics: Semantics) {
     let (one, two) = (&*consumers[0], &*consumers[1]);
     let all: Vec<Envelope> = (0..60).map(|i| envelope(&format!("m{i}"))).collect();
     one.publish(&all, Duration::ZERO).await.unwrap();
@@ -236,7 +240,12 @@ async fn two_consumers_never_hold_the_same_delivery(consumers: &[Arc<dyn Broker>
     );
     one.ack(&receipts(&got1)).await.unwrap();
     assert_eq!(one.pending().await.unwrap(), 1);
-    assert_eq!(two.pending().await.unwrap(), 1);
+    if semantics.exact_only_at_owner {
+        // What the other consumer sees is what the server kept.
+        assert!(two.pending().await.unwrap() >= 1);
+    } else {
+        assert_eq!(two.pending().await.unwrap(), 1);
+    }
 }
 
 /// One consumer's share of [`two_consumers_never_hold_the_same_delivery`].
@@ -318,10 +327,21 @@ async fn a_vanished_consumers_delivery_goes_to_another(mut consumers: Vec<Arc<dy
     drop(holder);
 
     // The other consumer asks with a long visibility of its own: what
-    // counts is the visibility x was given.
+    // counts is the visibility x was given. Where counts are exact only at
+    // the owner, the new owner re-reads from the committed offset, which
+    // the delayed message holds back: records settled above it come again
+    // (answered by their claims as duplicates in a worker) unless the
+    // server kept the commit's metadata. They are settled here as they come.
+    let redelivered = std::sync::Mutex::new(Vec::new());
     let again = wait_for(LATE, "x to go to the other consumer", || async {
-        let again = other.fetch(10, LONG).await.unwrap();
-        (!again.is_empty()).then_some(again)
+        let got = other.fetch(100, LONG).await.unwrap();
+        let (x_again, settled): (Vec<Delivery>, Vec<Delivery>) = got.into_iter().partition(|d| d.envelope == x);
+        if !settled.is_empty() {
+            assert!(semantics.exact_only_at_owner, "only x was unsettled: {settled:?}");
+            other.ack(&receipts(&settled)).await.unwrap();
+            redelivered.lock().unwrap().extend(settled.into_iter().map(|d| d.envelope.id));
+        }
+        (!x_again.is_empty()).then_some(x_again)
     })
     .await;
     if let Some(visibility) = semantics.visibility.timeout(visibility) {
@@ -333,7 +353,17 @@ async fn a_vanished_consumers_delivery_goes_to_another(mut consumers: Vec<Arc<dy
     }
     assert_eq!(again.len(), 1, "{again:?}");
     assert_eq!(again[0].envelope, x);
-    assert_eq!(again[0].delivery_count, 2);
+    let redelivered = redelivered.into_inner().unwrap();
+    assert!(
+        !redelivered.contains(&"later".to_string()),
+        "the delayed message is not due: {redelivered:?}"
+    );
+    if semantics.exact_only_at_owner {
+        // Counted on only if the server kept the holder's commit metadata.
+        assert!((1..=2).contains(&again[0].delivery_count), "{again:?}");
+    } else {
+        assert_eq!(again[0].delivery_count, 2);
+    }
     other.ack(&[&again[0].receipt]).await.unwrap();
     assert_eq!(other.pending().await.unwrap(), 1, "only the delayed message is left");
 }
@@ -401,6 +431,18 @@ async fn sqs_broker_conforms() {
     brokers::in_sqs_queue(false, |queue| async move {
         let options = &brokers::sqs_options(&queue);
         broker_conformance(move || async move { Arc::new(brokers::sqs(options).await) as Arc<dyn Broker> }).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_broker_conforms() {
+    // One partition, and no ordering among its records: the suite counts on
+    // a queue's order and publishes one id twice (one key, which
+    // `ordering = "key"` would run one after the other).
+    brokers::in_kafka_topic(1, |topic| async move {
+        let options = &brokers::kafka_options(&topic, idem_host::config::KafkaOrdering::None);
+        broker_conformance(move || async move { Arc::new(brokers::kafka(options).await) as Arc<dyn Broker> }).await;
     })
     .await;
 }

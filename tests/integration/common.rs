@@ -212,6 +212,10 @@ pub mod services {
     pub fn sqs() -> String {
         var("IDEM_TEST_SQS_URL", "http://127.0.0.1:4566")
     }
+    /// A Kafka-protocol server (`scripts/services.sh` starts one).
+    pub fn kafka() -> String {
+        var("IDEM_TEST_KAFKA_URL", "kafka://127.0.0.1:9092")
+    }
 }
 
 /// A namespace no other test uses: tests share servers, never keys,
@@ -229,6 +233,7 @@ pub mod brokers {
 
     use futures::FutureExt;
     use idem_host::broker::amqp::AmqpBroker;
+    use idem_host::broker::kafka::{KafkaBroker, KafkaOptions};
     use idem_host::broker::nats::NatsBroker;
     use idem_host::broker::redis::RedisBroker;
     use idem_host::broker::sqs::{SqsBroker, SqsOptions};
@@ -438,6 +443,60 @@ pub mod brokers {
                 for queue in [format!("{ns}.fifo"), ns] {
                     SqsBroker::delete_queue(&sqs_options(&queue)).await;
                 }
+                Ok::<(), String>(())
+            },
+        )
+        .await;
+    }
+
+    /// The options of a Kafka broker on topic `topic` of the test server,
+    /// in consumer group `topic`.
+    pub fn kafka_options(topic: &str, ordering: idem_host::config::KafkaOrdering) -> KafkaOptions {
+        let url = services::kafka();
+        KafkaOptions {
+            servers: url.strip_prefix("kafka://").unwrap_or(&url).to_string(),
+            topics: vec![topic.to_string()],
+            group: topic.to_string(),
+            ordering,
+            grace: Duration::from_secs(10),
+            key_pointer: None,
+            key_pointers: Default::default(),
+        }
+    }
+
+    /// A Kafka broker with these options, a member of its group (joining
+    /// takes seconds on the test server, longer than the fetch helpers
+    /// wait).
+    pub async fn kafka(options: &KafkaOptions) -> KafkaBroker {
+        let broker = KafkaBroker::connect(options.clone())
+            .await
+            .unwrap_or_else(|e| panic!("Kafka at IDEM_TEST_KAFKA_URL ({}): {e:#}", services::kafka()));
+        broker
+            .join_group(Duration::from_secs(60))
+            .await
+            .expect("joining the consumer group");
+        broker
+    }
+
+    /// [`in_namespace`] for Kafka: a topic named after the namespace, with
+    /// `partitions` partitions, is created first and deleted after. Each
+    /// test has its own topic and consumer group.
+    pub async fn in_kafka_topic<B, Fut>(partitions: i32, body: B)
+    where
+        B: FnOnce(String) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        use idem_host::config::KafkaOrdering;
+        in_namespace(
+            "kafka",
+            |ns| async move {
+                KafkaBroker::create_topic(&kafka_options(&ns, KafkaOrdering::Key), &ns, partitions)
+                    .await
+                    .unwrap_or_else(|e| panic!("Kafka at IDEM_TEST_KAFKA_URL ({}): {e:#}", services::kafka()));
+                body(ns).await
+            },
+            |ns| async move {
+                KafkaBroker::delete_topic(&kafka_options(&ns, KafkaOrdering::Key), &ns).await;
                 Ok::<(), String>(())
             },
         )

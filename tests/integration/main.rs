@@ -7,6 +7,7 @@ mod common;
 mod bad_input;
 mod broker_amqp;
 mod broker_conformance;
+mod broker_kafka;
 mod broker_nats;
 mod broker_redis;
 mod broker_sqs;

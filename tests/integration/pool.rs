@@ -73,6 +73,27 @@ async fn two_workers_survive_a_kill(example_file: &str) {
 /// [`two_workers_survive_a_kill`] with the mock APIs' slow answers taking
 /// `slow_for`, and the configuration changed by `tweak`.
 async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration, tweak: impl FnOnce(&mut Config)) {
+    survive(example_file, slow_for, tweak, Ordered::default()).await;
+}
+
+/// Ordered streams published beside the schedule, run by the
+/// `record-sequence` plugin (which dead-letters a step that comes out of
+/// order), and whether a third worker joins when the first is killed.
+#[derive(Default, Clone, Copy)]
+struct Ordered {
+    streams: u32,
+    steps: u32,
+    third_joins: bool,
+}
+
+impl Ordered {
+    fn messages(&self) -> u64 {
+        u64::from(self.streams * self.steps)
+    }
+}
+
+/// The run behind [`two_workers_survive_a_kill_with`].
+async fn survive(example_file: &str, slow_for: Duration, tweak: impl FnOnce(&mut Config), ordered: Ordered) {
     let dir = tempfile::tempdir().unwrap();
     let mock = Mock::start(slow_for).await.unwrap();
     let mut config = config_from_example(example_file, dir.path(), &mock);
@@ -84,11 +105,27 @@ async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration,
     let backends = idem_host::backend::open(&config).await.unwrap();
     mock.watch_journal(backends.claims.clone());
     let schedule = Schedule::new(MESSAGES, 11, &mock);
-    let logs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("worker-{i}.log"))).collect();
+    let logs: Vec<PathBuf> = (0..4).map(|i| dir.path().join(format!("worker-{i}.log"))).collect();
     let a = spawn_idem_run(&config_path, &logs[0]);
     let b = spawn_idem_run(&config_path, &logs[1]);
     let published = schedule.publish(backends.broker.as_ref()).await.unwrap();
     assert!(published > MESSAGES as u64);
+    // Interleaved, as producers of many streams would publish.
+    let steps: Vec<idem_host::envelope::Envelope> = (0..ordered.steps)
+        .flat_map(|q| {
+            (0..ordered.streams).map(move |s| {
+                envelope(
+                    &format!("st{s}-{q}"),
+                    "record-sequence",
+                    serde_json::json!({"stream": format!("st{s}"), "seq": q}),
+                )
+            })
+        })
+        .collect();
+    for chunk in steps.chunks(100) {
+        backends.broker.publish(chunk, Duration::ZERO).await.unwrap();
+    }
+    let total = MESSAGES as u64 + ordered.messages();
 
     // Kill A once a third of the messages are settled: it dies with
     // handlers in flight, mid external call or mid write.
@@ -97,7 +134,7 @@ async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration,
         c.done + c.dead
     };
     wait_until(Duration::from_secs(120), "a third of the messages to settle", || async {
-        settled().await >= MESSAGES as u64 / 3
+        settled().await >= total / 3
     })
     .await;
     let mut a = a;
@@ -110,12 +147,13 @@ async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration,
     })
     .await;
     let a2 = spawn_idem_run(&config_path, &logs[2]);
+    let third = ordered.third_joins.then(|| spawn_idem_run(&config_path, &logs[3]));
 
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let c = backends.admin.counts().await.unwrap();
         let pending = backends.broker.pending().await.unwrap();
-        if c.done + c.dead >= MESSAGES as u64 && c.running == 0 && c.retry == 0 && pending == 0 {
+        if c.done + c.dead >= total && c.running == 0 && c.retry == 0 && pending == 0 {
             break;
         }
         if Instant::now() > deadline {
@@ -130,6 +168,9 @@ async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration,
     }
     terminate(b);
     terminate(a2);
+    if let Some(third) = third {
+        terminate(third);
+    }
 
     // What an operator sees.
     let out = Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -141,8 +182,14 @@ async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration,
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(stats["pending"], 0, "{stats}");
     assert_eq!(stats["in_flight"], 0, "{stats}");
-    assert_eq!(stats["done"], MESSAGES as u64 - 1, "{stats}");
+    assert_eq!(stats["done"], total - 1, "{stats}");
     assert_eq!(stats["dead_lettered"], 1, "{stats}");
+    if config.broker.kind == idem_host::config::BrokerKind::Kafka {
+        // The group's lag per partition of the topic (four).
+        let backlog = stats["backlog"].as_array().expect("a backlog per partition");
+        assert_eq!(backlog.len(), 4, "{stats}");
+        assert!(backlog.iter().all(|p| p[1] == 0), "{stats}");
+    }
 
     let report = verify(&backends, &mock, &schedule).await.unwrap();
     eprintln!("{example_file}: published {published}, killed at {killed_at} settled: {report:?}");
@@ -154,6 +201,14 @@ async fn two_workers_survive_a_kill_with(example_file: &str, slow_for: Duration,
     let letters = backends.admin.dead_letters(100).await.unwrap();
     assert_eq!(letters.len(), 1, "only the poison message: {letters:?}");
     assert_eq!(letters[0].plugin, "poison");
+    if ordered.streams > 0 {
+        let last = backends.data.scan("sequences").await.unwrap();
+        assert_eq!(last.len(), ordered.streams as usize, "{last:?}");
+        for (stream, seq) in last {
+            let seq: u64 = serde_json::from_slice(&seq).unwrap();
+            assert_eq!(seq, u64::from(ordered.steps) - 1, "{stream} ran every step, in order");
+        }
+    }
     cleanup(&config).await;
 }
 
@@ -173,6 +228,12 @@ pub async fn cleanup(config: &Config) {
     }
     if config.broker.kind == BrokerKind::Sqs {
         idem_host::broker::sqs::SqsBroker::delete_queue(&idem_host::backend::sqs_options(config)).await;
+    }
+    if config.broker.kind == BrokerKind::Kafka {
+        let options = idem_host::backend::kafka_options(config).unwrap();
+        for topic in &options.topics {
+            idem_host::broker::kafka::KafkaBroker::delete_topic(&options, topic).await;
+        }
     }
     if config.broker.kind == BrokerKind::Nats {
         let client = async_nats::connect(services::nats()).await.unwrap();
@@ -218,6 +279,30 @@ async fn sqs_postgres_two_workers_survive_sigkill_with_a_visibility_shorter_than
         c.worker.lease_ms = 6_000;
     })
     .await;
+}
+
+/// Kafka, four partitions: two workers, one SIGKILLed mid-run (its
+/// partitions move when its session times out) and restarted while a third
+/// joins (two more rebalances). Beside the schedule, 40 streams of 25
+/// ordered steps keyed by stream: each stream's steps run in order, through
+/// the kill and the rebalances (`record-sequence` dead-letters a step that
+/// comes out of order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_postgres_workers_survive_sigkill_and_rebalances_keeping_key_order() {
+    let ordered = Ordered {
+        streams: 40,
+        steps: 25,
+        third_joins: true,
+    };
+    let tweak = |c: &mut Config| {
+        c.broker.url = Some(services::kafka());
+        c.broker.topics = vec![c.namespace.clone()];
+        c.broker.group = None;
+        c.broker.group_pointer = Some("/stream".into());
+        c.plugins
+            .insert("record-sequence".into(), plugin("record_sequence.wasm", &["sequences"], &[], None));
+    };
+    survive("kafka-postgres.toml", Duration::from_millis(300), tweak, ordered).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

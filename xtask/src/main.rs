@@ -47,8 +47,9 @@ fn try_main() -> Result<()> {
             run(&mut cmd)
         }
         "test" => {
-            // The suite runs against real PostgreSQL, Redis, RabbitMQ and
-            // NATS: check each answers, start (or install) what does not.
+            // The suite runs against real PostgreSQL, Redis, RabbitMQ,
+            // NATS, an SQS server and a Kafka server: check each answers,
+            // start (or install) what does not.
             run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
             let plugins = build_plugins(&root)?;
             let mut cmd = Command::new("cargo");
@@ -69,6 +70,7 @@ fn try_main() -> Result<()> {
                     ("rabbitmq-postgres", 103, "rust"),
                     ("nats-postgres", 104, "rust"),
                     ("sqs-postgres", 107, "rust"),
+                    ("kafka-postgres", 108, "rust"),
                     ("redis-postgres", 105, "python"),
                     ("rabbitmq-postgres", 106, "js"),
                 ] {

@@ -16,14 +16,21 @@
 //!   the argument is only a hint and `extend` restarts the fixed timeout
 //!   ([`Visibility::Fixed`]). RabbitMQ has no timeout at all: a delivery
 //!   stays with the connection that received it until it is acked, nacked or
-//!   that connection closes ([`Visibility::UntilDisconnect`]).
+//!   that connection closes ([`Visibility::UntilDisconnect`]); nor has
+//!   Kafka, where a record stays with the consumer that owns its
+//!   partition.
 //! - **Delivery counts of delayed publishes.** JetStream (before 2.12) has
 //!   no per-message delay, so a delayed message is delivered to every fetch
 //!   that meets it early and deferred again, and each of those counts in
 //!   its delivery count ([`Semantics::early_fetches_count`]).
+//! - **Counts seen from elsewhere.** Kafka's `pending` and delivery counts
+//!   are exact at the consumer that owns a partition; another consumer
+//!   sees what the server kept of its commits
+//!   ([`Semantics::exact_only_at_owner`]).
 
 pub mod amqp;
 pub mod celery;
+pub mod kafka;
 pub mod nats;
 pub mod redis;
 pub mod sqlite;
@@ -90,6 +97,16 @@ pub struct Semantics {
     /// that meets it early and deferred again there, and each of those
     /// deliveries counts in `delivery_count` (NATS JetStream).
     pub early_fetches_count: bool,
+    /// False: `pending` and `delivery_count` are the same whichever
+    /// consumer asks or receives. True (Kafka): they are exact at the
+    /// consumer that owns the messages; another sees what the server kept.
+    /// Kafka keeps a committed offset per partition and Idem adds, in the
+    /// commit's metadata, which records above it are settled and how many
+    /// times each unsettled one was handed out; a server that drops commit
+    /// metadata (tansu, the test server) makes another consumer count
+    /// settled records above the offset as pending, and start delivery
+    /// counts again at 1 when it takes a partition over.
+    pub exact_only_at_owner: bool,
 }
 
 /// A queue Idem consumes. Batch methods take and answer many deliveries in
@@ -110,6 +127,16 @@ pub trait Broker: Send + Sync + 'static {
     async fn extend(&self, receipts: &[&str], visibility: Duration) -> Result<(), BrokerError>;
     /// Messages not yet acked (visible or in flight).
     async fn pending(&self) -> Result<u64, BrokerError>;
+    /// `pending` part by part where the broker has parts (Kafka: the lag of
+    /// each partition), for `idem stats`; empty where it has none.
+    async fn backlog(&self) -> Result<Vec<(String, u64)>, BrokerError> {
+        Ok(Vec::new())
+    }
+    /// The worker stops: settle what the broker holds for it (Kafka commits
+    /// what is settled and leaves its group, so its partitions move at
+    /// once instead of after a session timeout). Called once the worker's
+    /// deliveries are settled or given back; the default does nothing.
+    async fn close(&self) {}
     /// Publish a message again that was published before (a dead letter's
     /// replay). Brokers that drop a second publish of one id (SQS FIFO's
     /// deduplication window) must still deliver it; the default is a plain

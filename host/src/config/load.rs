@@ -94,8 +94,19 @@ impl Config {
                     self.worker.visibility_ms
                 );
             }
-            if let Some(p) = self.broker.group_pointer.as_deref().filter(|p| !p.starts_with('/')) {
-                bail!("broker.group_pointer = {p:?} is not a JSON pointer: write it as /field or /field/sub");
+        }
+        if let Some(p) = self.broker.group_pointer.as_deref().filter(|p| !p.starts_with('/')) {
+            bail!("broker.group_pointer = {p:?} is not a JSON pointer: write it as /field or /field/sub");
+        }
+        if self.broker.kind == BrokerKind::Kafka {
+            let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+            for t in &self.broker.topics {
+                if t.is_empty() || t.len() > 249 || !t.chars().all(legal) {
+                    bail!("broker.topics: {t:?} is not a Kafka topic name (1 to 249 letters, digits, '.', '_' and '-')");
+                }
+            }
+            if self.broker.group.as_deref() == Some("") {
+                bail!("broker.group is empty: name the consumer group, or leave it unset for the namespace");
             }
         }
         if self.claims.kind != StoreKind::Sqlite {

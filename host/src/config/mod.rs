@@ -121,18 +121,36 @@ pub enum BrokerKind {
     Celery,
     /// Amazon SQS (standard or FIFO queue), or an SQS-compatible server.
     Sqs,
+    /// Kafka topics, consumed by a consumer group.
+    Kafka,
+}
+
+/// Kafka: which records of a partition may run at the same time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaOrdering {
+    /// Records with different keys run concurrently; records of one key
+    /// run in order, retries included.
+    #[default]
+    Key,
+    /// One record of a partition at a time, in offset order.
+    Partition,
+    /// No order: every record may run at once.
+    None,
 }
 
 /// `[broker]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// `sqlite` (default), `redis`, `rabbitmq`, `nats`, `celery` or `sqs`.
+    /// `sqlite` (default), `redis`, `rabbitmq`, `nats`, `celery`, `sqs` or
+    /// `kafka`.
     pub kind: BrokerKind,
     /// Server URL, e.g. `redis://127.0.0.1:6379`,
     /// `amqp://guest:guest@127.0.0.1:5672/%2f`, `nats://127.0.0.1:4222`.
     /// SQS: an endpoint other than AWS's own (a local SQS-compatible
-    /// server); unset: AWS's endpoint for the region.
+    /// server); unset: AWS's endpoint for the region. Kafka: the bootstrap
+    /// servers, `kafka://host:port[,host:port…]`.
     pub url: Option<String>,
     /// SQS: the queue's name or URL (a name ending in `.fifo` is a FIFO
     /// queue). Unset: the namespace. Idem does not create it.
@@ -144,9 +162,11 @@ pub struct BrokerConfig {
     /// (long polling), 0 to 20 seconds. Longer waits make fewer empty
     /// receives; a stopping worker waits for its receive to end.
     pub wait_secs: u64,
-    /// SQS FIFO: JSON pointer into the payload whose value is the message
-    /// group (messages of one group run in order). Unset: the plugin's
-    /// `key_pointer`, else the message id (no order across messages).
+    /// SQS FIFO and Kafka: JSON pointer into the payload whose value
+    /// orders messages: the FIFO message group, or the Kafka record key
+    /// `idem publish` gives (messages of one group or key run in order).
+    /// Unset: the plugin's `key_pointer`, else the message id (no order
+    /// across messages).
     pub group_pointer: Option<String>,
     /// Celery: the queues consumed (the first is where `idem publish`
     /// sends). Only tasks in these queues are taken.
@@ -158,6 +178,17 @@ pub struct BrokerConfig {
     /// Celery: how long results are kept, in seconds (Celery's
     /// `result_expires`, one day by default).
     pub result_expires_secs: u64,
+    /// Kafka: the topics consumed (the first is where `idem publish`
+    /// sends). Unset: one topic named as the namespace. Idem does not
+    /// create them.
+    pub topics: Vec<String>,
+    /// Kafka: the consumer group. Unset: the namespace.
+    pub group: Option<String>,
+    /// Kafka: `key` (default), `partition` or `none`.
+    pub ordering: KafkaOrdering,
+    /// Kafka: how long a revoked partition's running deliveries may take
+    /// to settle before the partition is handed over, in ms.
+    pub rebalance_grace_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -172,6 +203,10 @@ impl Default for BrokerConfig {
             region: None,
             wait_secs: 5,
             group_pointer: None,
+            topics: Vec::new(),
+            group: None,
+            ordering: KafkaOrdering::default(),
+            rebalance_grace_ms: 10_000,
         }
     }
 }

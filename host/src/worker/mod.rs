@@ -215,6 +215,7 @@ impl Worker {
         if let Some(h) = heartbeat {
             let _ = h.await;
         }
+        self.backends.broker.close().await;
         Ok(())
     }
 

@@ -252,6 +252,7 @@ impl Broker for AmqpBroker {
         Semantics {
             visibility: Visibility::UntilDisconnect,
             early_fetches_count: false,
+            exact_only_at_owner: false,
         }
     }
 }

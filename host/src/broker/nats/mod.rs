@@ -252,6 +252,7 @@ impl Broker for NatsBroker {
         Semantics {
             visibility: Visibility::Fixed(self.ack_wait),
             early_fetches_count: true,
+            exact_only_at_owner: false,
         }
     }
 }

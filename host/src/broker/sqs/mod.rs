@@ -473,6 +473,7 @@ impl Broker for SqsBroker {
         Semantics {
             visibility: Visibility::PerDelivery,
             early_fetches_count: self.fifo,
+            exact_only_at_owner: false,
         }
     }
 }

@@ -158,6 +158,11 @@ fn chaos_config(
         let fifo = config.broker.queue.as_deref().is_some_and(|q| q.ends_with(".fifo"));
         config.broker.queue = Some(format!("{}{}", config.namespace, if fifo { ".fifo" } else { "" }));
     }
+    if config.broker.kind == BrokerKind::Kafka {
+        // A topic and a consumer group of the run's own.
+        config.broker.topics = vec![config.namespace.clone()];
+        config.broker.group = None;
+    }
     config.database.path = dir.join("idem.db");
     config.endpoints = demo.endpoints;
     // Every plugin from the built directory, by file name: the workers read
@@ -431,26 +436,41 @@ async fn disconnect_broker(config: &Config, redis: Option<&OwnRedis>) -> Result<
             }
             Ok(closed)
         }
-        BrokerKind::Nats | BrokerKind::Sqlite | BrokerKind::Celery | BrokerKind::Sqs => Ok(false),
+        BrokerKind::Nats | BrokerKind::Sqlite | BrokerKind::Celery | BrokerKind::Sqs | BrokerKind::Kafka => Ok(false),
     }
 }
 
 /// Create what a run's namespace needs on a broker where Idem creates
-/// nothing itself: the SQS queue (FIFO when the example's queue is).
+/// nothing itself: the SQS queue (FIFO when the example's queue is), the
+/// Kafka topic (four partitions).
 pub async fn prepare_broker(config: &Config) -> Result<()> {
     if config.broker.kind == BrokerKind::Sqs {
         crate::broker::sqs::SqsBroker::create_queue(&crate::backend::sqs_options(config), &[]).await?;
+    }
+    if config.broker.kind == BrokerKind::Kafka {
+        let options = crate::backend::kafka_options(config)?;
+        for topic in &options.topics {
+            crate::broker::kafka::KafkaBroker::create_topic(&options, topic, 4).await?;
+        }
     }
     Ok(())
 }
 
 /// Drop a namespace's resources on its servers: the Postgres schema, the
-/// RabbitMQ queues, the NATS stream, the SQS queue, the Redis keys. Best
+/// RabbitMQ queues, the NATS stream, the SQS queue, the Kafka topic, the
+/// Redis keys. Best
 /// effort.
 pub async fn cleanup(config: &Config) {
     let ns = &config.namespace;
     if config.broker.kind == BrokerKind::Sqs {
         crate::broker::sqs::SqsBroker::delete_queue(&crate::backend::sqs_options(config)).await;
+    }
+    if config.broker.kind == BrokerKind::Kafka {
+        if let Ok(options) = crate::backend::kafka_options(config) {
+            for topic in &options.topics {
+                crate::broker::kafka::KafkaBroker::delete_topic(&options, topic).await;
+            }
+        }
     }
     if config.claims.kind == StoreKind::Postgres || config.data.kind == StoreKind::Postgres {
         if let Some(url) = postgres_url(config) {

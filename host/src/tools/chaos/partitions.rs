@@ -28,6 +28,8 @@ fn default_port(scheme: &str) -> Option<u16> {
         "redis" => Some(6379),
         "amqp" => Some(5672),
         "nats" => Some(4222),
+        "http" => Some(80),
+        "https" => Some(443),
         _ => None,
     }
 }
@@ -48,7 +50,10 @@ impl Partitions {
     async fn route_one(workers: &mut Config) -> Result<Vec<(String, Arc<FaultyProxy>)>> {
         let mut proxies: Vec<(String, Arc<FaultyProxy>)> = Vec::new();
         let mut urls: Vec<&mut Option<String>> = Vec::new();
-        if workers.broker.kind != BrokerKind::Sqlite {
+        // Kafka clients reach the brokers at the addresses the cluster
+        // advertises once bootstrapped, past any proxy: its links are not
+        // partitioned (worker kills and rebalances are its faults).
+        if !matches!(workers.broker.kind, BrokerKind::Sqlite | BrokerKind::Kafka) {
             urls.push(&mut workers.broker.url);
         }
         if workers.claims.kind != StoreKind::Sqlite {

@@ -16,6 +16,12 @@
 //! | b | Redis Streams | Redis | Postgres | `grant-credits` (one upsert) |
 //! | c | RabbitMQ | Postgres | Postgres | `grant-credits` |
 //! | d | NATS JetStream | Postgres | Postgres | `grant-credits` |
+//! | e | SQS (a local SQS-compatible server) | Postgres | Postgres | `grant-credits` |
+//! | f | Kafka (four partitions) | Postgres | Postgres | `grant-credits` |
+//!
+//! Scenario f also runs, in the same rotation, a plain rdkafka consumer
+//! doing the same upsert one record at a time (`kafka_loop`, reported as
+//! `rdkafka-loop`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,6 +42,11 @@ use crate::tools::sdk::Lang;
 use crate::worker::percentile;
 use crate::worker::WorkerOptions;
 
+mod kafka_loop;
+mod process;
+
+use self::process::{cpu_seconds, peak_rss_kib, reset_peak_rss};
+
 /// The header carrying a latency message's publish time (µs since the epoch).
 const PUBLISHED_AT: &str = "bench-published-us";
 
@@ -53,6 +64,8 @@ pub enum Scenario {
     D,
     /// SQS (a local SQS-compatible server), Postgres claims and data.
     E,
+    /// Kafka (a topic of four partitions), Postgres claims and data.
+    F,
 }
 
 /// Component, native twin, or both alternating.
@@ -69,8 +82,8 @@ pub enum HandlerChoice {
 /// `idem bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Scenarios to run (comma-separated): a, b, c, d, e (e: SQS, against
-    /// the server at --sqs-url).
+    /// Scenarios to run (comma-separated): a, b, c, d, e, f (e: SQS, against
+    /// the server at --sqs-url; f: Kafka, at --kafka-url).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d")]
     pub scenario: Vec<Scenario>,
     /// Messages per run.
@@ -115,6 +128,9 @@ pub struct BenchArgs {
     /// environment.
     #[arg(long, env = "IDEM_BENCH_SQS_URL", default_value = "http://127.0.0.1:4566")]
     pub sqs_url: String,
+    /// Kafka's bootstrap servers (scenario f).
+    #[arg(long, env = "IDEM_BENCH_KAFKA_URL", default_value = "kafka://127.0.0.1:9092")]
+    pub kafka_url: String,
     /// Print the whole report as JSON (last line).
     #[arg(long)]
     pub json: bool,
@@ -227,6 +243,19 @@ pub async fn run(args: &BenchArgs) -> Result<BenchReport> {
                 );
                 runs.push(figures);
             }
+            if scenario == Scenario::F {
+                let figures = loop_run(args)
+                    .await
+                    .with_context(|| format!("scenario f (rdkafka loop), run {}", i + 1))?;
+                eprintln!(
+                    "bench F {:<6} run {}: {:>8.0} msg/s  cpu {:.3} s/1k",
+                    kafka_loop::NAME,
+                    i + 1,
+                    figures.rate,
+                    figures.cpu_s_per_1k
+                );
+                runs.push(figures);
+            }
         }
     }
     let summary = summarize(&runs);
@@ -312,11 +341,12 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, handler: &str, dir: &st
             c.data.kind = StoreKind::Postgres;
             c.data.url = pg;
         }
-        Scenario::C | Scenario::D | Scenario::E => {
+        Scenario::C | Scenario::D | Scenario::E | Scenario::F => {
             (c.broker.kind, c.broker.url) = match scenario {
                 Scenario::C => (BrokerKind::Rabbitmq, Some(args.amqp_url.clone())),
                 Scenario::D => (BrokerKind::Nats, Some(args.nats_url.clone())),
-                _ => (BrokerKind::Sqs, Some(args.sqs_url.clone())),
+                Scenario::E => (BrokerKind::Sqs, Some(args.sqs_url.clone())),
+                _ => (BrokerKind::Kafka, Some(args.kafka_url.clone())),
             };
             c.claims.kind = StoreKind::Postgres;
             c.claims.url = pg.clone();
@@ -385,6 +415,26 @@ async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) ->
     result
 }
 
+/// Scenario f's baseline on a topic of its own with the same messages.
+async fn loop_run(args: &BenchArgs) -> Result<RunFigures> {
+    let dir = tempfile::tempdir()?;
+    let config = scenario_config(args, Scenario::F, "native", dir.path());
+    let (plugin, _, _) = plugin_of(Scenario::F);
+    crate::tools::chaos::prepare_broker(&config).await?;
+    let result = async {
+        use crate::broker::Broker as _;
+        let broker = crate::broker::kafka::KafkaBroker::connect(crate::backend::kafka_options(&config)?).await?;
+        let all: Vec<Envelope> = (0..args.messages).map(|i| message(i, plugin, None)).collect();
+        for chunk in all.chunks(500) {
+            broker.publish(chunk, Duration::ZERO).await?;
+        }
+        kafka_loop::run(&config, args.messages, &args.postgres_url).await
+    }
+    .await;
+    crate::tools::chaos::cleanup(&config).await;
+    result
+}
+
 async fn measure(args: &BenchArgs, config: &Config, scenario: Scenario, plugin: &str, handler: &'static str) -> Result<RunFigures> {
     let n = args.messages;
     {
@@ -415,12 +465,19 @@ async fn measure(args: &BenchArgs, config: &Config, scenario: Scenario, plugin: 
     };
     reset_peak_rss();
     let pool = Pool::start_native(config, options, hooks, natives).await?;
-    let cpu0 = cpu_seconds();
-    let started = Instant::now();
+    let mut cpu0 = cpu_seconds();
+    let mut started = Instant::now();
+    let mut counted = n;
+    if config.broker.kind == BrokerKind::Kafka {
+        // Joining the consumer group takes seconds (about five on the test
+        // server): count from the first settled message.
+        wait_done(&pool, 1, Duration::from_secs(120)).await?;
+        (cpu0, started, counted) = (cpu_seconds(), Instant::now(), n - 1);
+    }
     wait_done(&pool, n as u64, Duration::from_secs(600)).await?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
-    let rate = n as f64 / seconds;
+    let rate = counted as f64 / seconds;
 
     // Paced phase: half the measured rate, publish-to-done latency.
     let l = args.latency_messages;
@@ -450,7 +507,7 @@ async fn measure(args: &BenchArgs, config: &Config, scenario: Scenario, plugin: 
         rate,
         p50_ms: percentile(lat.clone(), 0.5),
         p99_ms: percentile(lat, 0.99),
-        cpu_s_per_1k: cpu / n as f64 * 1000.0,
+        cpu_s_per_1k: cpu / counted as f64 * 1000.0,
         peak_rss_mib,
     })
 }
@@ -477,34 +534,4 @@ async fn wait_done(pool: &Pool, n: u64, limit: Duration) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-/// User + system CPU seconds of this process.
-fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_SELF with a valid pointer.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return 0.0;
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(usage.ru_utime) + secs(usage.ru_stime)
-}
-
-/// Reset the kernel's peak-RSS mark of this process (Linux).
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
-/// Peak resident set since the last reset (KiB), from /proc/self/status.
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }

@@ -1,0 +1,719 @@
+//! What this consumer holds of each partition it owns: the offsets read and
+//! not yet settled, which of them may run now, and the offset that may be
+//! committed.
+//!
+//! An offset is *open* from the moment it is read until the worker settles
+//! it (acks it: done, dead-lettered or a duplicate). A retry does not settle
+//! it: the delivery waits here for its delay and runs again, so the
+//! committed offset never passes a message whose effects are not durable,
+//! and a crash or a rebalance re-reads it in the partition's order (see the
+//! module documentation of `kafka` for why retries are not re-published).
+//!
+//! The offset committed for a partition is its lowest open offset, or the
+//! offset after the highest read when none is open: every message below it
+//! is settled.
+//!
+//! Each commit also carries, in the offset's metadata, what Kafka's offset
+//! alone cannot say: which offsets above it are settled already, and how
+//! many times each open one was handed out (`idem1;s=5-6,9-9;d=4:2`). The
+//! next owner of the partition (after a rebalance or a crash) skips the
+//! settled ones and counts deliveries on from there, so it re-delivers only
+//! unsettled work, and the group's lag counts only unsettled records.
+//!
+//! Each assignment of a partition to this consumer has its own epoch, part
+//! of every receipt with the delivery's number; a receipt of an earlier
+//! epoch (the partition was revoked since) or an earlier delivery settles
+//! nothing and commits nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::config::KafkaOrdering;
+use crate::envelope::{Delivery, Envelope};
+
+/// A record read from a partition, as the worker will see it.
+#[derive(Debug, Clone)]
+pub(super) struct Record {
+    pub envelope: Envelope,
+    /// Why the worker must dead-letter it instead of running it.
+    pub refused: Option<String>,
+    /// The record's Kafka key: records of one key run in order.
+    pub key: Option<Vec<u8>>,
+    /// Published with a delay: not to run before this (unix ms).
+    pub not_before: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Read, not yet handed to the worker.
+    Ready,
+    /// At the worker.
+    Out,
+    /// Given back for a retry: runs again from this time (unix ms).
+    Waiting(i64),
+}
+
+#[derive(Debug)]
+struct Slot {
+    record: Record,
+    state: State,
+    deliveries: u32,
+}
+
+/// What a partition's last commit says beyond its offset.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Seed {
+    /// Settled offsets above the committed one, as inclusive ranges.
+    pub settled: Vec<(i64, i64)>,
+    /// How many times open offsets were handed out.
+    pub counts: HashMap<i64, u32>,
+}
+
+/// The longest metadata written (Kafka's default limit is 4096 bytes).
+const MAX_METADATA: usize = 3_000;
+const METADATA_TAG: &str = "idem1";
+
+impl Seed {
+    /// Read a commit's metadata; anything else (another consumer's, or
+    /// none) is an empty seed.
+    pub fn decode(text: &str) -> Seed {
+        let mut seed = Seed::default();
+        let mut parts = text.split(';');
+        if parts.next() != Some(METADATA_TAG) {
+            return seed;
+        }
+        for part in parts {
+            if let Some(list) = part.strip_prefix("s=") {
+                seed.settled = list
+                    .split(',')
+                    .filter_map(|r| {
+                        let (a, b) = r.split_once('-')?;
+                        Some((a.parse().ok()?, b.parse().ok()?))
+                    })
+                    .collect();
+            } else if let Some(list) = part.strip_prefix("d=") {
+                seed.counts = list
+                    .split(',')
+                    .filter_map(|r| {
+                        let (a, b) = r.split_once(':')?;
+                        Some((a.parse().ok()?, b.parse().ok()?))
+                    })
+                    .collect();
+            }
+        }
+        seed
+    }
+
+    fn settles(&self, offset: i64) -> bool {
+        self.settled.iter().any(|(a, b)| (*a..=*b).contains(&offset))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Part {
+    epoch: u64,
+    /// From the last commit before this consumer owned the partition.
+    seed: Seed,
+    open: BTreeMap<i64, Slot>,
+    by_key: HashMap<Vec<u8>, BTreeSet<i64>>,
+    /// The offset after the highest read.
+    read_to: Option<i64>,
+    /// The offset and metadata last committed by this consumer.
+    committed: Option<(i64, String)>,
+    /// Being revoked: nothing more is handed out.
+    revoking: bool,
+}
+
+impl Part {
+    /// Every offset below this is settled.
+    fn watermark(&self) -> Option<i64> {
+        match (self.open.keys().next().copied(), self.read_to) {
+            (Some(open), Some(read)) => Some(open.min(read)),
+            (open, read) => open.or(read),
+        }
+    }
+
+    fn close(&mut self, offset: i64) -> Option<Slot> {
+        let slot = self.open.remove(&offset)?;
+        if let Some(key) = &slot.record.key {
+            if let Some(set) = self.by_key.get_mut(key) {
+                set.remove(&offset);
+                if set.is_empty() {
+                    self.by_key.remove(key);
+                }
+            }
+        }
+        Some(slot)
+    }
+
+    /// The metadata of a commit at `watermark`: settled ranges above it (of
+    /// what was read, and what the seed knew beyond that) and the counts of
+    /// open offsets handed out.
+    fn metadata(&self, watermark: i64) -> String {
+        use std::fmt::Write;
+        let mut settled = Vec::new();
+        let read = self.read_to.unwrap_or(watermark);
+        let mut from = watermark;
+        for &o in self.open.keys().filter(|o| **o >= watermark && **o < read) {
+            if o > from {
+                settled.push((from, o - 1));
+            }
+            from = o + 1;
+        }
+        if read > from {
+            settled.push((from, read - 1));
+        }
+        settled.extend(
+            self.seed
+                .settled
+                .iter()
+                .filter(|(_, b)| *b >= read)
+                .map(|(a, b)| ((*a).max(read), *b)),
+        );
+        let mut out = String::from(METADATA_TAG);
+        let mut sep = ";s=";
+        for (a, b) in settled {
+            if out.len() > MAX_METADATA / 2 {
+                break;
+            }
+            let _ = write!(out, "{sep}{a}-{b}");
+            sep = ",";
+        }
+        let mut sep = ";d=";
+        for (o, slot) in self.open.iter().filter(|(_, s)| s.deliveries > 0) {
+            if out.len() > MAX_METADATA {
+                break;
+            }
+            let _ = write!(out, "{sep}{o}:{}", slot.deliveries);
+            sep = ",";
+        }
+        out
+    }
+
+    fn commit(&mut self, id: &PartId) -> Option<Commit> {
+        let offset = self.watermark()?;
+        let metadata = self.metadata(offset);
+        let last = (offset, metadata.clone());
+        if self.committed.as_ref() == Some(&last) {
+            return None;
+        }
+        self.committed = Some(last);
+        Some(Commit {
+            topic: id.0.clone(),
+            partition: id.1,
+            offset,
+            metadata,
+        })
+    }
+
+    /// Whether the slot at `offset` is the next of its order to run.
+    fn in_turn(&self, ordering: KafkaOrdering, offset: i64, key: Option<&Vec<u8>>) -> bool {
+        match ordering {
+            KafkaOrdering::None => true,
+            KafkaOrdering::Partition => self.open.keys().next() == Some(&offset),
+            KafkaOrdering::Key => match key {
+                Some(key) => self.by_key.get(key).and_then(|s| s.first()) == Some(&offset),
+                None => true,
+            },
+        }
+    }
+}
+
+/// A topic and partition.
+pub(super) type PartId = (String, i32);
+
+/// An offset to commit: the next to read, and what is known above it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Commit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub metadata: String,
+}
+
+/// The partitions this consumer owns.
+#[derive(Debug)]
+pub(super) struct Track {
+    ordering: KafkaOrdering,
+    parts: BTreeMap<PartId, Part>,
+    epochs: u64,
+    /// Records read and not at the worker (ready or waiting).
+    buffered: usize,
+    /// Where the next `take` starts, so every partition gets its turn.
+    cursor: usize,
+}
+
+/// Why a receipt settles nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Stale {
+    /// Not a receipt this broker hands out.
+    Malformed,
+    /// Its partition was revoked (and maybe assigned again) since.
+    Revoked,
+}
+
+impl Track {
+    pub fn new(ordering: KafkaOrdering) -> Track {
+        Track {
+            ordering,
+            parts: BTreeMap::new(),
+            epochs: 0,
+            buffered: 0,
+            cursor: 0,
+        }
+    }
+
+    /// Partitions assigned to this consumer (kept if already owned), with
+    /// what their last commits say.
+    pub fn assign(&mut self, parts: Vec<(PartId, Seed)>) {
+        for (id, seed) in parts {
+            if !self.parts.contains_key(&id) {
+                self.epochs += 1;
+                let part = Part {
+                    epoch: self.epochs,
+                    seed,
+                    ..Part::default()
+                };
+                self.parts.insert(id, part);
+            }
+        }
+    }
+
+    /// A revocation starts: nothing more of these partitions is handed out,
+    /// and what was read but is not at the worker is dropped (the next
+    /// owner reads it again from the committed offset).
+    pub fn revoke_begin(&mut self, parts: &[PartId]) {
+        for id in parts {
+            if let Some(part) = self.parts.get_mut(id) {
+                part.revoking = true;
+                let idle: Vec<i64> = part.open.iter().filter(|(_, s)| s.state != State::Out).map(|(o, _)| *o).collect();
+                // Nothing from the first dropped offset on may be committed.
+                if let (Some(first), Some(read)) = (idle.first(), part.read_to) {
+                    part.read_to = Some(read.min(*first));
+                }
+                for offset in idle {
+                    part.close(offset);
+                    self.buffered -= 1;
+                }
+            }
+        }
+    }
+
+    /// Deliveries of these partitions still at the worker.
+    pub fn out(&self, parts: &[PartId]) -> usize {
+        parts
+            .iter()
+            .filter_map(|id| self.parts.get(id))
+            .map(|p| p.open.values().filter(|s| s.state == State::Out).count())
+            .sum()
+    }
+
+    /// A revocation ends: the partitions are forgotten; returns the offsets
+    /// to commit for them (what their settled deliveries allow).
+    pub fn revoke_end(&mut self, parts: &[PartId]) -> Vec<Commit> {
+        let mut commits = Vec::new();
+        for id in parts {
+            if let Some(mut part) = self.parts.remove(id) {
+                // Deliveries still out are abandoned: the watermark stays
+                // below them, and their claims fence them off.
+                commits.extend(part.commit(id));
+                self.buffered -= part.open.values().filter(|s| s.state != State::Out).count();
+            }
+        }
+        commits
+    }
+
+    /// A record read from an owned partition; false when it is not taken
+    /// (the partition is not owned or is being revoked, or the offset was
+    /// read before).
+    pub fn insert(&mut self, id: &PartId, offset: i64, record: Record) -> bool {
+        let Some(part) = self.parts.get_mut(id) else { return false };
+        if part.revoking || part.read_to.is_some_and(|r| offset < r) {
+            return false;
+        }
+        part.read_to = Some(offset + 1);
+        if part.seed.settles(offset) {
+            // Settled before this consumer owned the partition.
+            return false;
+        }
+        let deliveries = part.seed.counts.remove(&offset).unwrap_or(0);
+        if let Some(key) = &record.key {
+            part.by_key.entry(key.clone()).or_default().insert(offset);
+        }
+        part.open.insert(
+            offset,
+            Slot {
+                record,
+                state: State::Ready,
+                deliveries,
+            },
+        );
+        self.buffered += 1;
+        true
+    }
+
+    /// Up to `max` deliveries that may run at `now` (unix ms), each the
+    /// next of its order.
+    pub fn take(&mut self, max: usize, now: i64) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let ids: Vec<PartId> = self.parts.keys().cloned().collect();
+        if ids.is_empty() {
+            return out;
+        }
+        self.cursor = (self.cursor + 1) % ids.len();
+        let ordering = self.ordering;
+        for i in 0..ids.len() {
+            if out.len() >= max {
+                break;
+            }
+            let id = &ids[(self.cursor + i) % ids.len()];
+            let part = self.parts.get_mut(id).expect("listed above");
+            if part.revoking {
+                continue;
+            }
+            let candidates: Vec<i64> = part
+                .open
+                .iter()
+                .filter(|(_, s)| match s.state {
+                    State::Ready => s.record.not_before.is_none_or(|nb| nb <= now),
+                    State::Waiting(at) => at <= now,
+                    State::Out => false,
+                })
+                .map(|(o, _)| *o)
+                .collect();
+            for offset in candidates {
+                if out.len() >= max {
+                    break;
+                }
+                let key = part.open[&offset].record.key.clone();
+                if !part.in_turn(ordering, offset, key.as_ref()) {
+                    continue;
+                }
+                let epoch = part.epoch;
+                let slot = part.open.get_mut(&offset).expect("listed above");
+                slot.state = State::Out;
+                slot.deliveries += 1;
+                self.buffered -= 1;
+                out.push(Delivery {
+                    envelope: slot.record.envelope.clone(),
+                    receipt: receipt(id, offset, epoch, slot.deliveries),
+                    delivery_count: slot.deliveries,
+                    refused: slot.record.refused.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// The earliest time a waiting record becomes due.
+    pub fn next_due(&self) -> Option<i64> {
+        self.parts
+            .values()
+            .filter(|p| !p.revoking)
+            .flat_map(|p| p.open.values())
+            .filter_map(|s| match s.state {
+                State::Waiting(at) => Some(at),
+                State::Ready => s.record.not_before,
+                State::Out => None,
+            })
+            .min()
+    }
+
+    /// Settle a delivery (the worker is done with its message).
+    pub fn settle(&mut self, receipt: &str) -> Result<PartId, Stale> {
+        let (id, offset, epoch, n) = parse(receipt).ok_or(Stale::Malformed)?;
+        let part = self.parts.get_mut(&id).filter(|p| p.epoch == epoch).ok_or(Stale::Revoked)?;
+        match part.open.get(&offset) {
+            Some(slot) if slot.state == State::Out && slot.deliveries == n => {
+                part.close(offset);
+                Ok(id)
+            }
+            _ => Err(Stale::Revoked),
+        }
+    }
+
+    /// Give a delivery back, to run again at `at` (unix ms).
+    pub fn give_back(&mut self, receipt: &str, at: i64) -> Result<(), Stale> {
+        let (id, offset, epoch, n) = parse(receipt).ok_or(Stale::Malformed)?;
+        let part = self.parts.get_mut(&id).filter(|p| p.epoch == epoch).ok_or(Stale::Revoked)?;
+        match part.open.get_mut(&offset) {
+            Some(slot) if slot.state == State::Out && slot.deliveries == n => {
+                slot.state = State::Waiting(at);
+                self.buffered += 1;
+                Ok(())
+            }
+            _ => Err(Stale::Revoked),
+        }
+    }
+
+    /// What these partitions may commit now, where it says more than
+    /// their last commit; recorded as committed.
+    pub fn commits<'a>(&mut self, parts: impl IntoIterator<Item = &'a PartId>) -> Vec<Commit> {
+        parts.into_iter().filter_map(|id| self.parts.get_mut(id)?.commit(id)).collect()
+    }
+
+    /// Records of an owned partition not yet settled, given its end offset
+    /// and where reading started when nothing was read yet: what is open
+    /// here, and what is not read yet. `None` when not owned.
+    pub fn unsettled(&self, id: &PartId, end: i64, from: i64) -> Option<u64> {
+        let part = self.parts.get(id)?;
+        let unread = (end - part.read_to.unwrap_or(from)).max(0);
+        Some(part.open.len() as u64 + unread as u64)
+    }
+
+    /// Commits that failed: what they said is not committed after all, so
+    /// the next commit of their partitions says it again.
+    pub fn uncommit(&mut self, commits: &[Commit]) {
+        for c in commits {
+            if let Some(part) = self.parts.get_mut(&(c.topic.clone(), c.partition)) {
+                if part.committed.as_ref().is_some_and(|(o, m)| *o == c.offset && *m == c.metadata) {
+                    part.committed = None;
+                }
+            }
+        }
+    }
+
+    /// Every owned partition.
+    pub fn owned(&self) -> Vec<PartId> {
+        self.parts.keys().cloned().collect()
+    }
+
+    /// Records read and not at the worker.
+    pub fn buffered(&self) -> usize {
+        self.buffered
+    }
+}
+
+/// `topic/partition/offset/epoch/delivery` (Kafka topic names have no
+/// `/`).
+fn receipt(id: &PartId, offset: i64, epoch: u64, delivery: u32) -> String {
+    format!("{}/{}/{offset}/{epoch}/{delivery}", id.0, id.1)
+}
+
+fn parse(receipt: &str) -> Option<(PartId, i64, u64, u32)> {
+    let mut it = receipt.rsplitn(5, '/');
+    let delivery = it.next()?.parse().ok()?;
+    let epoch = it.next()?.parse().ok()?;
+    let offset = it.next()?.parse().ok()?;
+    let partition = it.next()?.parse().ok()?;
+    let topic = it.next()?.to_string();
+    Some(((topic, partition), offset, epoch, delivery))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(key: Option<&str>) -> Record {
+        Record {
+            envelope: Envelope {
+                id: "m".into(),
+                handler: "h".into(),
+                headers: vec![],
+                payload: vec![],
+            },
+            refused: None,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            not_before: None,
+        }
+    }
+
+    fn p0() -> PartId {
+        ("t".to_string(), 0)
+    }
+
+    fn offsets(ds: &[Delivery]) -> Vec<i64> {
+        ds.iter().map(|d| parse(&d.receipt).unwrap().1).collect()
+    }
+
+    /// The offsets of commits.
+    fn at(commits: &[Commit]) -> Vec<i64> {
+        commits.iter().map(|c| c.offset).collect()
+    }
+
+    fn track(ordering: KafkaOrdering, keys: &[Option<&str>]) -> Track {
+        let mut t = Track::new(ordering);
+        t.assign(vec![(p0(), Seed::default())]);
+        for (i, k) in keys.iter().enumerate() {
+            assert!(t.insert(&p0(), 10 + i as i64, rec(*k)));
+        }
+        t
+    }
+
+    #[test]
+    fn key_order_runs_other_keys_and_holds_a_key_behind_its_retry() {
+        let mut t = track(KafkaOrdering::Key, &[Some("a"), Some("b"), Some("a"), None]);
+        let first = t.take(10, 0);
+        assert_eq!(offsets(&first), vec![10, 11, 13], "the second 'a' waits for the first");
+        t.give_back(&first[0].receipt, 100).unwrap();
+        assert!(t.take(10, 50).is_empty(), "the retry is not due, and 'a' waits behind it");
+        t.settle(&first[1].receipt).unwrap();
+        t.settle(&first[2].receipt).unwrap();
+        let c = t.commits([&p0()]);
+        assert_eq!(at(&c), vec![10], "nothing below the retry's offset is settled");
+        assert_eq!(c[0].metadata, "idem1;s=11-11,13-13;d=10:1", "what is settled above it, and counts");
+        let again = t.take(10, 100);
+        assert_eq!(offsets(&again), vec![10]);
+        assert_eq!(again[0].delivery_count, 2);
+        t.settle(&again[0].receipt).unwrap();
+        let next = t.take(10, 100);
+        assert_eq!(offsets(&next), vec![12]);
+        t.settle(&next[0].receipt).unwrap();
+        let c = t.commits([&p0()]);
+        assert_eq!(at(&c), vec![14], "all settled: the next offset to read");
+        assert_eq!(c[0].metadata, "idem1");
+        assert!(t.commits([&p0()]).is_empty(), "committed once");
+    }
+
+    #[test]
+    fn partition_order_runs_one_at_a_time_and_none_runs_all() {
+        let mut t = track(KafkaOrdering::Partition, &[Some("a"), Some("b")]);
+        let first = t.take(10, 0);
+        assert_eq!(offsets(&first), vec![10]);
+        t.settle(&first[0].receipt).unwrap();
+        assert_eq!(offsets(&t.take(10, 0)), vec![11]);
+        let mut t = track(KafkaOrdering::None, &[Some("a"), Some("a")]);
+        assert_eq!(offsets(&t.take(10, 0)), vec![10, 11]);
+    }
+
+    #[test]
+    fn the_watermark_stays_below_the_lowest_unsettled_offset() {
+        let mut t = track(KafkaOrdering::None, &[None, None, None]);
+        let d = t.take(10, 0);
+        t.settle(&d[1].receipt).unwrap();
+        t.settle(&d[2].receipt).unwrap();
+        assert_eq!(at(&t.commits([&p0()])), vec![10]);
+        t.settle(&d[0].receipt).unwrap();
+        assert_eq!(at(&t.commits([&p0()])), vec![13]);
+        assert_eq!(t.settle(&d[0].receipt), Err(Stale::Revoked), "settled once");
+        assert_eq!(t.settle("nonsense"), Err(Stale::Malformed));
+    }
+
+    #[test]
+    fn an_earlier_deliverys_receipt_does_nothing() {
+        let mut t = track(KafkaOrdering::None, &[None]);
+        let first = t.take(10, 0);
+        t.give_back(&first[0].receipt, 0).unwrap();
+        let second = t.take(10, 0);
+        assert_ne!(first[0].receipt, second[0].receipt);
+        assert_eq!(t.give_back(&first[0].receipt, 0), Err(Stale::Revoked));
+        assert_eq!(t.settle(&first[0].receipt), Err(Stale::Revoked));
+        t.settle(&second[0].receipt).unwrap();
+    }
+
+    #[test]
+    fn a_revoked_partition_commits_only_what_is_settled_and_ignores_late_receipts() {
+        let mut t = track(KafkaOrdering::None, &[None, None, None, None]);
+        let d = t.take(2, 0);
+        assert_eq!(t.buffered(), 2);
+        t.settle(&d[0].receipt).unwrap();
+        t.revoke_begin(&[p0()]);
+        assert_eq!(t.buffered(), 0, "what the worker has not taken is dropped");
+        assert!(t.take(10, 0).is_empty(), "nothing more is handed out");
+        assert_eq!(t.out(&[p0()]), 1);
+        let c = t.revoke_end(&[p0()]);
+        assert_eq!(at(&c), vec![11], "below the delivery still out");
+        assert_eq!(c[0].metadata, "idem1;d=11:1", "12 and 13 were dropped unrun: not settled");
+        assert_eq!(t.settle(&d[1].receipt), Err(Stale::Revoked));
+        assert!(t.commits([&p0()]).is_empty(), "never for a partition not owned");
+        // Assigned again: a new epoch, and the old receipt stays stale.
+        t.assign(vec![(p0(), Seed::decode(&c[0].metadata))]);
+        assert!(t.insert(&p0(), 11, rec(None)));
+        let again = t.take(10, 0);
+        assert_eq!(again[0].delivery_count, 2, "counted on from the commit's metadata");
+        assert_ne!(again[0].receipt, d[1].receipt);
+        assert_eq!(t.settle(&d[1].receipt), Err(Stale::Revoked));
+        t.settle(&again[0].receipt).unwrap();
+        assert_eq!(at(&t.commits([&p0()])), vec![12]);
+    }
+
+    #[test]
+    fn a_retry_during_a_revocation_is_not_waited_for_and_a_failed_commit_is_sent_again() {
+        let mut t = track(KafkaOrdering::None, &[None, None]);
+        let d = t.take(10, 0);
+        t.revoke_begin(&[p0()]);
+        t.give_back(&d[0].receipt, 1_000).unwrap();
+        assert_eq!(t.out(&[p0()]), 1, "a record given back is not running");
+        let mut t = track(KafkaOrdering::None, &[None]);
+        let d = t.take(10, 0);
+        t.settle(&d[0].receipt).unwrap();
+        let c = t.commits([&p0()]);
+        assert_eq!(at(&c), vec![11]);
+        t.uncommit(&c);
+        assert_eq!(t.commits([&p0()]), c, "the failed commit is sent again");
+    }
+
+    #[test]
+    fn a_revocation_never_commits_past_a_record_it_dropped_unrun() {
+        let mut t = track(KafkaOrdering::Key, &[Some("a"), Some("b"), Some("a")]);
+        let d = t.take(10, 0);
+        assert_eq!(offsets(&d), vec![10, 11]);
+        t.settle(&d[0].receipt).unwrap();
+        t.settle(&d[1].receipt).unwrap();
+        // Offset 12 was read but never ran: the next owner must read it.
+        t.revoke_begin(&[p0()]);
+        assert_eq!(at(&t.revoke_end(&[p0()])), vec![12]);
+        let mut t = track(KafkaOrdering::Key, &[Some("a"), Some("a"), Some("b")]);
+        let d = t.take(10, 0);
+        assert_eq!(offsets(&d), vec![10, 12]);
+        t.settle(&d[1].receipt).unwrap();
+        t.revoke_begin(&[p0()]);
+        let c = t.revoke_end(&[p0()]);
+        assert_eq!(at(&c), vec![10], "10 still out, 11 dropped");
+        assert_eq!(c[0].metadata, "idem1;d=10:1", "12's settling is not claimed past a dropped 11");
+    }
+
+    #[test]
+    fn the_next_owner_skips_what_the_last_commit_settled() {
+        let seed = Seed::decode("idem1;s=11-12,15-20;d=13:3");
+        assert_eq!(seed.settled, vec![(11, 12), (15, 20)]);
+        let mut t = Track::new(KafkaOrdering::None);
+        t.assign(vec![(p0(), seed)]);
+        let mut taken = Vec::new();
+        for o in 10..22 {
+            if t.insert(&p0(), o, rec(None)) {
+                taken.push(o);
+            }
+        }
+        assert_eq!(taken, vec![10, 13, 14, 21]);
+        let d = t.take(10, 0);
+        assert_eq!(d.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), vec![1, 4, 1, 1]);
+        t.settle(&d[0].receipt).unwrap();
+        t.settle(&d[3].receipt).unwrap();
+        let c = t.commits([&p0()]);
+        assert_eq!(at(&c), vec![13]);
+        assert_eq!(c[0].metadata, "idem1;s=15-21;d=13:4,14:1");
+        assert_eq!(Seed::decode("someone else's"), Seed::default());
+        // Seeded ranges not yet read are carried on.
+        let mut t = Track::new(KafkaOrdering::None);
+        t.assign(vec![(p0(), Seed::decode("idem1;s=12-14"))]);
+        assert!(t.insert(&p0(), 10, rec(None)));
+        let d = t.take(1, 0);
+        assert!(t.insert(&p0(), 11, rec(None)));
+        t.settle(&d[0].receipt).unwrap();
+        assert_eq!(t.commits([&p0()])[0].metadata, "idem1;s=12-14");
+    }
+
+    #[test]
+    fn delayed_records_wait_until_due_and_records_are_read_once() {
+        let mut t = Track::new(KafkaOrdering::Key);
+        t.assign(vec![(p0(), Seed::default())]);
+        let mut r = rec(Some("k"));
+        r.not_before = Some(500);
+        assert!(t.insert(&p0(), 0, r));
+        assert!(t.insert(&p0(), 1, rec(Some("k"))));
+        assert!(!t.insert(&p0(), 1, rec(Some("k"))), "read before");
+        assert!(!t.insert(&("t".into(), 9), 0, rec(None)), "not owned");
+        assert!(
+            t.take(10, 499).is_empty(),
+            "the delayed one is not due and the other waits behind it"
+        );
+        assert_eq!(t.next_due(), Some(500));
+        assert_eq!(offsets(&t.take(10, 500)), vec![0]);
+    }
+
+    #[test]
+    fn receipts_round_trip_topics_with_dots_and_dashes() {
+        let id = ("orders.v1-eu".to_string(), 3);
+        assert_eq!(parse(&receipt(&id, 42, 7, 2)), Some((id, 42, 7, 2)));
+    }
+}

@@ -1,0 +1,163 @@
+//! Wire format: a record's value is the payload, its key is the ordering
+//! key, and its headers carry the envelope.
+//!
+//! Headers:
+//! - `Idem-Id`, `Idem-Handler`: the envelope's id and handler;
+//! - `Idem-Not-Before`: unix ms, on a delayed publish (Kafka has no
+//!   per-record delay: the consumer holds the record until then);
+//! - every other header is the producer's, in order, as Kafka keeps them.
+//!   Names starting with `Idem-` are Idem's own: `publish` refuses an
+//!   envelope header of that form.
+//!
+//! A record from another producer is read too: without `Idem-Id` its id is
+//! `<topic>-<partition>-<offset>`, the same on every read of it; without
+//! `Idem-Handler` it is dead-lettered with the reason (it names no plugin).
+
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::Message;
+
+use super::track::Record;
+use crate::broker::BrokerError;
+use crate::envelope::Envelope;
+
+pub(super) const ID: &str = "Idem-Id";
+pub(super) const HANDLER: &str = "Idem-Handler";
+pub(super) const NOT_BEFORE: &str = "Idem-Not-Before";
+
+fn reserved(name: &str) -> bool {
+    name.as_bytes().get(..5).is_some_and(|p| p.eq_ignore_ascii_case(b"idem-"))
+}
+
+/// The headers of one envelope.
+pub(super) fn headers(e: &Envelope, not_before: Option<i64>) -> Result<OwnedHeaders, BrokerError> {
+    if e.id.is_empty() || e.handler.is_empty() {
+        return Err(BrokerError::Unavailable(format!(
+            "Kafka: message {:?} needs a non-empty id and handler",
+            e.id
+        )));
+    }
+    let mut h = OwnedHeaders::new_with_capacity(e.headers.len() + 3)
+        .insert(Header {
+            key: ID,
+            value: Some(&e.id),
+        })
+        .insert(Header {
+            key: HANDLER,
+            value: Some(&e.handler),
+        });
+    if let Some(at) = not_before {
+        h = h.insert(Header {
+            key: NOT_BEFORE,
+            value: Some(&at.to_string()),
+        });
+    }
+    for (name, value) in &e.headers {
+        if reserved(name) {
+            return Err(BrokerError::Unavailable(format!(
+                "Kafka: message {:?} has a header {name:?}: names starting with Idem- are Idem's own; rename it",
+                e.id
+            )));
+        }
+        h = h.insert(Header {
+            key: name,
+            value: Some(value),
+        });
+    }
+    Ok(h)
+}
+
+/// The record a consumed message carries, and why it cannot run if it
+/// cannot (the worker dead-letters it with that reason). Never panics: a
+/// record whose headers cannot be read (rdkafka panics on a header name
+/// that is not UTF-8) is refused with that reason.
+pub(super) fn record(m: &BorrowedMessage<'_>) -> Record {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(m))) {
+        Ok(record) => record,
+        Err(_) => Record {
+            envelope: Envelope {
+                id: format!("{}-{}-{}", m.topic(), m.partition(), m.offset()),
+                handler: String::new(),
+                headers: Vec::new(),
+                payload: m.payload().unwrap_or_default().to_vec(),
+            },
+            refused: Some("Kafka record has a header whose name is not UTF-8: Idem cannot read its headers".into()),
+            key: m.key().map(<[u8]>::to_vec),
+            not_before: None,
+        },
+    }
+}
+
+fn read(m: &BorrowedMessage<'_>) -> Record {
+    let mut id = None;
+    let mut handler = None;
+    let mut not_before = None;
+    let mut headers = Vec::new();
+    let mut refused = None;
+    if let Some(hs) = m.headers() {
+        for h in hs.iter() {
+            let value = h.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+            match h.key {
+                ID => id = Some(value),
+                HANDLER => handler = Some(value),
+                NOT_BEFORE => match value.trim().parse::<i64>() {
+                    Ok(at) => not_before = Some(at),
+                    Err(_) => refused = Some(format!("header {NOT_BEFORE} is not unix milliseconds: {value:?}")),
+                },
+                name => headers.push((name.to_string(), value)),
+            }
+        }
+    }
+    let id = id
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(|| format!("{}-{}-{}", m.topic(), m.partition(), m.offset()));
+    let handler = handler.unwrap_or_default();
+    if handler.is_empty() {
+        refused = Some(format!(
+            "Kafka record {id:?} has no {HANDLER} header naming the plugin to run (publish with `idem publish`, or set the header)"
+        ));
+    }
+    Record {
+        envelope: Envelope {
+            id,
+            handler,
+            headers,
+            payload: m.payload().unwrap_or_default().to_vec(),
+        },
+        refused,
+        key: m.key().map(<[u8]>::to_vec),
+        not_before,
+    }
+}
+
+/// The record key of an envelope: the value at the plugin's key pointer
+/// (so one entity's messages share a partition and run in order), else the
+/// message id.
+pub(super) fn key_of(e: &Envelope, pointer: Option<&str>) -> String {
+    crate::envelope::derive_key(e, pointer).unwrap_or_else(|_| e.id.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idem_header_names_are_reserved() {
+        let mut e = Envelope {
+            id: "m1".into(),
+            handler: "h".into(),
+            headers: vec![("trace".into(), "t1".into())],
+            payload: br#"{"account": 42}"#.to_vec(),
+        };
+        let h = headers(&e, Some(5)).unwrap();
+        let names: Vec<&str> = h.iter().map(|h| h.key).collect();
+        assert_eq!(names, vec![ID, HANDLER, NOT_BEFORE, "trace"]);
+        e.headers.push(("größe".into(), "x".into()));
+        assert!(headers(&e, None).is_ok(), "a name that is not ASCII is not Idem's");
+        e.headers.push(("IDEM-id".into(), "x".into()));
+        let err = headers(&e, None).unwrap_err().to_string();
+        assert!(err.contains("IDEM-id") && err.contains("rename"), "{err}");
+        assert_eq!(key_of(&e, Some("/account")), "42");
+        assert_eq!(key_of(&e, Some("/missing")), "m1");
+        assert_eq!(key_of(&e, None), "m1");
+    }
+}
