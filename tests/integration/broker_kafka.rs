@@ -165,8 +165,8 @@ async fn kafka_a_rebalance_waits_for_running_records_within_its_grace() {
         let got = brokers::fetch_n(&*a, all.len(), Duration::from_secs(30), "every record").await;
         // Hold the last record of each partition; settle the rest while
         // the second member joins, within the grace period.
-        let partition = |d: &Delivery| d.receipt.rsplitn(5, '/').nth(3).unwrap().to_string();
-        let offset = |d: &Delivery| d.receipt.rsplitn(5, '/').nth(2).unwrap().parse::<i64>().unwrap();
+        let partition = |d: &Delivery| d.receipt.rsplit('/').nth(3).unwrap().to_string();
+        let offset = |d: &Delivery| d.receipt.rsplit('/').nth(2).unwrap().parse::<i64>().unwrap();
         let mut held: BTreeMap<String, Delivery> = BTreeMap::new();
         let mut rest = Vec::new();
         for d in got {

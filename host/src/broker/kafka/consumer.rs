@@ -179,15 +179,13 @@ pub(super) fn run(consumer: Arc<BaseConsumer<Ctx>>, shared: Arc<Shared>) {
                     shared.arrived.notify_waiters();
                 }
             }
-            Some(Err(e)) => {
-                // Connection trouble is retried by librdkafka; say so at
-                // most every 10 s.
-                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                    tracing::warn!(error = %e, "kafka: consumer error (librdkafka retries)");
-                    last_error = Some(Instant::now());
-                }
+            // Connection trouble is retried by librdkafka; say so at most
+            // every 10 s.
+            Some(Err(e)) if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) => {
+                tracing::warn!(error = %e, "kafka: consumer error (librdkafka retries)");
+                last_error = Some(Instant::now());
             }
-            None => {}
+            Some(Err(_)) | None => {}
         }
         let buffered = shared.track().buffered();
         if buffered >= BUFFER || (paused && buffered > BUFFER / 2) {
