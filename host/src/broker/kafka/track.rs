@@ -178,12 +178,22 @@ impl Part {
             let _ = write!(out, "{sep}{a}-{b}");
             sep = ",";
         }
+        // Open records handed out, and records known from the seed or
+        // dropped at a revocation that are not settled.
+        let mut counts: BTreeMap<i64, u32> = self
+            .seed
+            .counts
+            .iter()
+            .filter(|(o, _)| **o >= watermark)
+            .map(|(o, n)| (*o, *n))
+            .collect();
+        counts.extend(self.open.iter().filter(|(_, s)| s.deliveries > 0).map(|(o, s)| (*o, s.deliveries)));
         let mut sep = ";d=";
-        for (o, slot) in self.open.iter().filter(|(_, s)| s.deliveries > 0) {
+        for (o, n) in counts {
             if out.len() > MAX_METADATA {
                 break;
             }
-            let _ = write!(out, "{sep}{o}:{}", slot.deliveries);
+            let _ = write!(out, "{sep}{o}:{n}");
             sep = ",";
         }
         out
@@ -291,7 +301,10 @@ impl Track {
                     part.read_to = Some(read.min(*first));
                 }
                 for offset in idle {
-                    part.close(offset);
+                    // Its count goes on in the commit's metadata.
+                    if let Some(slot) = part.close(offset).filter(|s| s.deliveries > 0) {
+                        part.seed.counts.insert(offset, slot.deliveries);
+                    }
                     self.buffered -= 1;
                 }
             }
@@ -628,11 +641,16 @@ mod tests {
 
     #[test]
     fn a_retry_during_a_revocation_is_not_waited_for_and_a_failed_commit_is_sent_again() {
-        let mut t = track(KafkaOrdering::None, &[None, None]);
+        let mut t = track(KafkaOrdering::None, &[None, None, None]);
         let d = t.take(10, 0);
+        t.give_back(&d[2].receipt, 1_000).unwrap();
         t.revoke_begin(&[p0()]);
         t.give_back(&d[0].receipt, 1_000).unwrap();
         assert_eq!(t.out(&[p0()]), 1, "a record given back is not running");
+        t.settle(&d[1].receipt).unwrap();
+        let c = t.revoke_end(&[p0()]);
+        assert_eq!(at(&c), vec![10]);
+        assert_eq!(c[0].metadata, "idem1;s=11-11;d=10:1,12:1", "the dropped retry's count goes on");
         let mut t = track(KafkaOrdering::None, &[None]);
         let d = t.take(10, 0);
         t.settle(&d[0].receipt).unwrap();
