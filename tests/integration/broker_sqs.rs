@@ -260,21 +260,9 @@ async fn sqs_wrong_settings_are_refused_at_start_with_the_fix() {
 }
 
 /// The SDK's own client for the test server, as another producer or an
-/// operator has.
+/// operator has (the broker's settings, without its queue checks).
 async fn sdk_client() -> aws_sdk_sqs::Client {
-    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(services::sqs())
-        .region(aws_config::Region::new("us-east-1"))
-        .http_client(
-            aws_smithy_http_client::Builder::new()
-                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-                ))
-                .build_https(),
-        )
-        .load()
-        .await;
-    aws_sdk_sqs::Client::new(&shared)
+    SqsBroker::sdk_client(&brokers::sqs_options("unused")).await
 }
 
 /// Throttling and 5xx answers are retried with backoff before a call

@@ -114,6 +114,13 @@ impl SqsBroker {
         })
     }
 
+    /// The AWS SDK client these options give (endpoint, region, retries,
+    /// timeouts), for tools and tests that speak to the queue's server
+    /// directly, as another producer or an operator would.
+    pub async fn sdk_client(options: &SqsOptions) -> Client {
+        connect::client(options).await
+    }
+
     /// Create a queue (FIFO when its name ends in `.fifo`) with these
     /// attributes, for tests and chaos runs; returns its URL.
     pub async fn create_queue(options: &SqsOptions, attributes: &[(&str, &str)]) -> Result<String> {
