@@ -39,6 +39,7 @@
 //! The group is joined on the first `fetch`, so `idem stats`, `publish`
 //! and `dlq replay` never trigger a rebalance of the running workers.
 
+mod commit;
 mod consumer;
 mod track;
 mod wire;
@@ -375,7 +376,7 @@ impl Broker for KafkaBroker {
         // retry to come due.
         let mut wait = Duration::from_millis(100);
         if let Some(due) = due {
-            wait = wait.min(Duration::from_millis((due - crate::now_ms()).max(0) as u64));
+            wait = wait.min(Duration::from_millis((due + 1 - crate::now_ms()).max(0) as u64));
         }
         let _ = tokio::time::timeout(wait, arrived).await;
         Ok(self.shared.track().take(max, crate::now_ms()))

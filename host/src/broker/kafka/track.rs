@@ -27,6 +27,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::commit::encode;
+pub(super) use super::commit::{Commit, Seed};
 use crate::config::KafkaOrdering;
 use crate::envelope::{Delivery, Envelope};
 
@@ -57,55 +59,6 @@ struct Slot {
     record: Record,
     state: State,
     deliveries: u32,
-}
-
-/// What a partition's last commit says beyond its offset.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct Seed {
-    /// Settled offsets above the committed one, as inclusive ranges.
-    pub settled: Vec<(i64, i64)>,
-    /// How many times open offsets were handed out.
-    pub counts: HashMap<i64, u32>,
-}
-
-/// The longest metadata written (Kafka's default limit is 4096 bytes).
-const MAX_METADATA: usize = 3_000;
-const METADATA_TAG: &str = "idem1";
-
-impl Seed {
-    /// Read a commit's metadata; anything else (another consumer's, or
-    /// none) is an empty seed.
-    pub fn decode(text: &str) -> Seed {
-        let mut seed = Seed::default();
-        let mut parts = text.split(';');
-        if parts.next() != Some(METADATA_TAG) {
-            return seed;
-        }
-        for part in parts {
-            if let Some(list) = part.strip_prefix("s=") {
-                seed.settled = list
-                    .split(',')
-                    .filter_map(|r| {
-                        let (a, b) = r.split_once('-')?;
-                        Some((a.parse().ok()?, b.parse().ok()?))
-                    })
-                    .collect();
-            } else if let Some(list) = part.strip_prefix("d=") {
-                seed.counts = list
-                    .split(',')
-                    .filter_map(|r| {
-                        let (a, b) = r.split_once(':')?;
-                        Some((a.parse().ok()?, b.parse().ok()?))
-                    })
-                    .collect();
-            }
-        }
-        seed
-    }
-
-    fn settles(&self, offset: i64) -> bool {
-        self.settled.iter().any(|(a, b)| (*a..=*b).contains(&offset))
-    }
 }
 
 #[derive(Debug, Default)]
@@ -149,7 +102,6 @@ impl Part {
     /// what was read, and what the seed knew beyond that) and the counts of
     /// open offsets handed out.
     fn metadata(&self, watermark: i64) -> String {
-        use std::fmt::Write;
         let mut settled = Vec::new();
         let read = self.read_to.unwrap_or(watermark);
         let mut from = watermark;
@@ -169,15 +121,6 @@ impl Part {
                 .filter(|(_, b)| *b >= read)
                 .map(|(a, b)| ((*a).max(read), *b)),
         );
-        let mut out = String::from(METADATA_TAG);
-        let mut sep = ";s=";
-        for (a, b) in settled {
-            if out.len() > MAX_METADATA / 2 {
-                break;
-            }
-            let _ = write!(out, "{sep}{a}-{b}");
-            sep = ",";
-        }
         // Open records handed out, and records known from the seed or
         // dropped at a revocation that are not settled.
         let mut counts: BTreeMap<i64, u32> = self
@@ -188,15 +131,7 @@ impl Part {
             .map(|(o, n)| (*o, *n))
             .collect();
         counts.extend(self.open.iter().filter(|(_, s)| s.deliveries > 0).map(|(o, s)| (*o, s.deliveries)));
-        let mut sep = ";d=";
-        for (o, n) in counts {
-            if out.len() > MAX_METADATA {
-                break;
-            }
-            let _ = write!(out, "{sep}{o}:{n}");
-            sep = ",";
-        }
-        out
+        encode(&settled, &counts)
     }
 
     fn commit(&mut self, id: &PartId) -> Option<Commit> {
@@ -230,15 +165,6 @@ impl Part {
 
 /// A topic and partition.
 pub(super) type PartId = (String, i32);
-
-/// An offset to commit: the next to read, and what is known above it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Commit {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-    pub metadata: String,
-}
 
 /// The partitions this consumer owns.
 #[derive(Debug)]
@@ -387,8 +313,10 @@ impl Track {
                 .open
                 .iter()
                 .filter(|(_, s)| match s.state {
-                    State::Ready => s.record.not_before.is_none_or(|nb| nb <= now),
-                    State::Waiting(at) => at <= now,
+                    // Strictly after: times are whole milliseconds, and a
+                    // delay must not end up to one millisecond early.
+                    State::Ready => s.record.not_before.is_none_or(|nb| nb < now),
+                    State::Waiting(at) => at < now,
                     State::Out => false,
                 })
                 .map(|(o, _)| *o)
@@ -513,225 +441,5 @@ fn parse(receipt: &str) -> Option<(PartId, i64, u64, u32)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(key: Option<&str>) -> Record {
-        Record {
-            envelope: Envelope {
-                id: "m".into(),
-                handler: "h".into(),
-                headers: vec![],
-                payload: vec![],
-            },
-            refused: None,
-            key: key.map(|k| k.as_bytes().to_vec()),
-            not_before: None,
-        }
-    }
-
-    fn p0() -> PartId {
-        ("t".to_string(), 0)
-    }
-
-    fn offsets(ds: &[Delivery]) -> Vec<i64> {
-        ds.iter().map(|d| parse(&d.receipt).unwrap().1).collect()
-    }
-
-    /// The offsets of commits.
-    fn at(commits: &[Commit]) -> Vec<i64> {
-        commits.iter().map(|c| c.offset).collect()
-    }
-
-    fn track(ordering: KafkaOrdering, keys: &[Option<&str>]) -> Track {
-        let mut t = Track::new(ordering);
-        t.assign(vec![(p0(), Seed::default())]);
-        for (i, k) in keys.iter().enumerate() {
-            assert!(t.insert(&p0(), 10 + i as i64, rec(*k)));
-        }
-        t
-    }
-
-    #[test]
-    fn key_order_runs_other_keys_and_holds_a_key_behind_its_retry() {
-        let mut t = track(KafkaOrdering::Key, &[Some("a"), Some("b"), Some("a"), None]);
-        let first = t.take(10, 0);
-        assert_eq!(offsets(&first), vec![10, 11, 13], "the second 'a' waits for the first");
-        t.give_back(&first[0].receipt, 100).unwrap();
-        assert!(t.take(10, 50).is_empty(), "the retry is not due, and 'a' waits behind it");
-        t.settle(&first[1].receipt).unwrap();
-        t.settle(&first[2].receipt).unwrap();
-        let c = t.commits([&p0()]);
-        assert_eq!(at(&c), vec![10], "nothing below the retry's offset is settled");
-        assert_eq!(c[0].metadata, "idem1;s=11-11,13-13;d=10:1", "what is settled above it, and counts");
-        let again = t.take(10, 100);
-        assert_eq!(offsets(&again), vec![10]);
-        assert_eq!(again[0].delivery_count, 2);
-        t.settle(&again[0].receipt).unwrap();
-        let next = t.take(10, 100);
-        assert_eq!(offsets(&next), vec![12]);
-        t.settle(&next[0].receipt).unwrap();
-        let c = t.commits([&p0()]);
-        assert_eq!(at(&c), vec![14], "all settled: the next offset to read");
-        assert_eq!(c[0].metadata, "idem1");
-        assert!(t.commits([&p0()]).is_empty(), "committed once");
-    }
-
-    #[test]
-    fn partition_order_runs_one_at_a_time_and_none_runs_all() {
-        let mut t = track(KafkaOrdering::Partition, &[Some("a"), Some("b")]);
-        let first = t.take(10, 0);
-        assert_eq!(offsets(&first), vec![10]);
-        t.settle(&first[0].receipt).unwrap();
-        assert_eq!(offsets(&t.take(10, 0)), vec![11]);
-        let mut t = track(KafkaOrdering::None, &[Some("a"), Some("a")]);
-        assert_eq!(offsets(&t.take(10, 0)), vec![10, 11]);
-    }
-
-    #[test]
-    fn the_watermark_stays_below_the_lowest_unsettled_offset() {
-        let mut t = track(KafkaOrdering::None, &[None, None, None]);
-        let d = t.take(10, 0);
-        t.settle(&d[1].receipt).unwrap();
-        t.settle(&d[2].receipt).unwrap();
-        assert_eq!(at(&t.commits([&p0()])), vec![10]);
-        t.settle(&d[0].receipt).unwrap();
-        assert_eq!(at(&t.commits([&p0()])), vec![13]);
-        assert_eq!(t.settle(&d[0].receipt), Err(Stale::Revoked), "settled once");
-        assert_eq!(t.settle("nonsense"), Err(Stale::Malformed));
-    }
-
-    #[test]
-    fn an_earlier_deliverys_receipt_does_nothing() {
-        let mut t = track(KafkaOrdering::None, &[None]);
-        let first = t.take(10, 0);
-        t.give_back(&first[0].receipt, 0).unwrap();
-        let second = t.take(10, 0);
-        assert_ne!(first[0].receipt, second[0].receipt);
-        assert_eq!(t.give_back(&first[0].receipt, 0), Err(Stale::Revoked));
-        assert_eq!(t.settle(&first[0].receipt), Err(Stale::Revoked));
-        t.settle(&second[0].receipt).unwrap();
-    }
-
-    #[test]
-    fn a_revoked_partition_commits_only_what_is_settled_and_ignores_late_receipts() {
-        let mut t = track(KafkaOrdering::None, &[None, None, None, None]);
-        let d = t.take(2, 0);
-        assert_eq!(t.buffered(), 2);
-        t.settle(&d[0].receipt).unwrap();
-        t.revoke_begin(&[p0()]);
-        assert_eq!(t.buffered(), 0, "what the worker has not taken is dropped");
-        assert!(t.take(10, 0).is_empty(), "nothing more is handed out");
-        assert_eq!(t.out(&[p0()]), 1);
-        let c = t.revoke_end(&[p0()]);
-        assert_eq!(at(&c), vec![11], "below the delivery still out");
-        assert_eq!(c[0].metadata, "idem1;d=11:1", "12 and 13 were dropped unrun: not settled");
-        assert_eq!(t.settle(&d[1].receipt), Err(Stale::Revoked));
-        assert!(t.commits([&p0()]).is_empty(), "never for a partition not owned");
-        // Assigned again: a new epoch, and the old receipt stays stale.
-        t.assign(vec![(p0(), Seed::decode(&c[0].metadata))]);
-        assert!(t.insert(&p0(), 11, rec(None)));
-        let again = t.take(10, 0);
-        assert_eq!(again[0].delivery_count, 2, "counted on from the commit's metadata");
-        assert_ne!(again[0].receipt, d[1].receipt);
-        assert_eq!(t.settle(&d[1].receipt), Err(Stale::Revoked));
-        t.settle(&again[0].receipt).unwrap();
-        assert_eq!(at(&t.commits([&p0()])), vec![12]);
-    }
-
-    #[test]
-    fn a_retry_during_a_revocation_is_not_waited_for_and_a_failed_commit_is_sent_again() {
-        let mut t = track(KafkaOrdering::None, &[None, None, None]);
-        let d = t.take(10, 0);
-        t.give_back(&d[2].receipt, 1_000).unwrap();
-        t.revoke_begin(&[p0()]);
-        t.give_back(&d[0].receipt, 1_000).unwrap();
-        assert_eq!(t.out(&[p0()]), 1, "a record given back is not running");
-        t.settle(&d[1].receipt).unwrap();
-        let c = t.revoke_end(&[p0()]);
-        assert_eq!(at(&c), vec![10]);
-        assert_eq!(c[0].metadata, "idem1;s=11-11;d=10:1,12:1", "the dropped retry's count goes on");
-        let mut t = track(KafkaOrdering::None, &[None]);
-        let d = t.take(10, 0);
-        t.settle(&d[0].receipt).unwrap();
-        let c = t.commits([&p0()]);
-        assert_eq!(at(&c), vec![11]);
-        t.uncommit(&c);
-        assert_eq!(t.commits([&p0()]), c, "the failed commit is sent again");
-    }
-
-    #[test]
-    fn a_revocation_never_commits_past_a_record_it_dropped_unrun() {
-        let mut t = track(KafkaOrdering::Key, &[Some("a"), Some("b"), Some("a")]);
-        let d = t.take(10, 0);
-        assert_eq!(offsets(&d), vec![10, 11]);
-        t.settle(&d[0].receipt).unwrap();
-        t.settle(&d[1].receipt).unwrap();
-        // Offset 12 was read but never ran: the next owner must read it.
-        t.revoke_begin(&[p0()]);
-        assert_eq!(at(&t.revoke_end(&[p0()])), vec![12]);
-        let mut t = track(KafkaOrdering::Key, &[Some("a"), Some("a"), Some("b")]);
-        let d = t.take(10, 0);
-        assert_eq!(offsets(&d), vec![10, 12]);
-        t.settle(&d[1].receipt).unwrap();
-        t.revoke_begin(&[p0()]);
-        let c = t.revoke_end(&[p0()]);
-        assert_eq!(at(&c), vec![10], "10 still out, 11 dropped");
-        assert_eq!(c[0].metadata, "idem1;d=10:1", "12's settling is not claimed past a dropped 11");
-    }
-
-    #[test]
-    fn the_next_owner_skips_what_the_last_commit_settled() {
-        let seed = Seed::decode("idem1;s=11-12,15-20;d=13:3");
-        assert_eq!(seed.settled, vec![(11, 12), (15, 20)]);
-        let mut t = Track::new(KafkaOrdering::None);
-        t.assign(vec![(p0(), seed)]);
-        let mut taken = Vec::new();
-        for o in 10..22 {
-            if t.insert(&p0(), o, rec(None)) {
-                taken.push(o);
-            }
-        }
-        assert_eq!(taken, vec![10, 13, 14, 21]);
-        let d = t.take(10, 0);
-        assert_eq!(d.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), vec![1, 4, 1, 1]);
-        t.settle(&d[0].receipt).unwrap();
-        t.settle(&d[3].receipt).unwrap();
-        let c = t.commits([&p0()]);
-        assert_eq!(at(&c), vec![13]);
-        assert_eq!(c[0].metadata, "idem1;s=15-21;d=13:4,14:1");
-        assert_eq!(Seed::decode("someone else's"), Seed::default());
-        // Seeded ranges not yet read are carried on.
-        let mut t = Track::new(KafkaOrdering::None);
-        t.assign(vec![(p0(), Seed::decode("idem1;s=12-14"))]);
-        assert!(t.insert(&p0(), 10, rec(None)));
-        let d = t.take(1, 0);
-        assert!(t.insert(&p0(), 11, rec(None)));
-        t.settle(&d[0].receipt).unwrap();
-        assert_eq!(t.commits([&p0()])[0].metadata, "idem1;s=12-14");
-    }
-
-    #[test]
-    fn delayed_records_wait_until_due_and_records_are_read_once() {
-        let mut t = Track::new(KafkaOrdering::Key);
-        t.assign(vec![(p0(), Seed::default())]);
-        let mut r = rec(Some("k"));
-        r.not_before = Some(500);
-        assert!(t.insert(&p0(), 0, r));
-        assert!(t.insert(&p0(), 1, rec(Some("k"))));
-        assert!(!t.insert(&p0(), 1, rec(Some("k"))), "read before");
-        assert!(!t.insert(&("t".into(), 9), 0, rec(None)), "not owned");
-        assert!(
-            t.take(10, 499).is_empty(),
-            "the delayed one is not due and the other waits behind it"
-        );
-        assert_eq!(t.next_due(), Some(500));
-        assert_eq!(offsets(&t.take(10, 500)), vec![0]);
-    }
-
-    #[test]
-    fn receipts_round_trip_topics_with_dots_and_dashes() {
-        let id = ("orders.v1-eu".to_string(), 3);
-        assert_eq!(parse(&receipt(&id, 42, 7, 2)), Some((id, 42, 7, 2)));
-    }
-}
+#[path = "track_tests.rs"]
+mod tests;
