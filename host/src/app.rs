@@ -31,6 +31,7 @@ pub struct Pool {
     pub shutdown: CancellationToken,
     task: JoinHandle<Result<()>>,
     sweeper: JoinHandle<()>,
+    recorder: (JoinHandle<()>, CancellationToken),
 }
 
 /// Runtime options that fit a configuration.
@@ -144,6 +145,13 @@ impl Pool {
             config.retention.clone(),
             shutdown.clone(),
         ));
+        let recorded = CancellationToken::new();
+        let recorder = tokio::spawn(crate::activity::record(
+            backends.admin.clone(),
+            backends.clock.clone(),
+            counters.clone(),
+            recorded.clone(),
+        ));
         Ok(Pool {
             backends,
             runtime,
@@ -152,12 +160,17 @@ impl Pool {
             shutdown,
             task,
             sweeper,
+            recorder: (recorder, recorded),
         })
     }
 
     /// Wait until the pool has stopped (after `shutdown` is cancelled).
     pub async fn join(self) -> Result<()> {
-        let worker = self.task.await.context("worker task panicked")?;
+        let worker = self.task.await.context("worker task panicked");
+        // The last counts, once nothing runs any more.
+        self.recorder.1.cancel();
+        self.recorder.0.await.context("activity recorder panicked")?;
+        let worker = worker?;
         self.sweeper.await.context("retention sweeper panicked")?;
         worker
     }
@@ -191,6 +204,9 @@ pub struct Stats {
     /// consumer group's lag per `topic/partition`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub backlog: Vec<(String, u64)>,
+    /// What the namespace's workers did in the last hour (done, duplicates
+    /// suppressed, busy redeliveries, retries, dead letters).
+    pub last_hour: crate::activity::Minute,
 }
 
 /// Read the counts from the backends.
@@ -202,7 +218,11 @@ pub async fn stats(backends: &Backends) -> Result<Stats> {
         backlog.iter().map(|(_, n)| n).sum()
     };
     let c = backends.admin.counts().await?;
+    let last_hour = crate::activity::last_hour(backends.admin.as_ref(), backends.clock.now_ms())
+        .await?
+        .total;
     Ok(Stats {
+        last_hour,
         pending,
         in_flight: c.running,
         retry: c.retry,

@@ -25,6 +25,10 @@ pub struct Selection {
     pub all: bool,
     /// Only this plugin's dead letters.
     pub plugin: Option<String>,
+    /// Only dead letters whose reason contains this text.
+    pub reason: Option<String>,
+    /// Only dead letters that died at or after this time (Unix ms).
+    pub dead_since: Option<i64>,
 }
 
 impl Selection {
@@ -50,10 +54,15 @@ impl Selection {
                 bail!("no dead letter with id {}; `idem dlq list` shows the ids", missing.join(", "));
             }
         }
-        if let Some(p) = &self.plugin {
-            letters.retain(|d| &d.plugin == p);
-        }
+        letters.retain(|d| self.matches(d));
         Ok(letters)
+    }
+
+    /// Does `d` pass the selection's filters (plugin, reason, time)?
+    pub fn matches(&self, d: &DeadLetter) -> bool {
+        self.plugin.as_ref().is_none_or(|p| &d.plugin == p)
+            && self.reason.as_ref().is_none_or(|r| d.reason.contains(r.as_str()))
+            && self.dead_since.is_none_or(|t| d.dead_at >= t)
     }
 }
 

@@ -8,6 +8,7 @@
 //! external calls, logs), and is settled by the [`worker`]: confirm and ack,
 //! retry later, or dead-letter and ack.
 
+pub mod activity;
 pub mod app;
 pub mod backend;
 pub mod bindings;
@@ -16,6 +17,7 @@ pub mod capabilities;
 pub mod claim;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod dlq;
 pub use idem_wire::envelope;
 pub mod hooks;

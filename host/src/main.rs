@@ -11,7 +11,7 @@ use idem_host::config::Config;
 use idem_host::envelope::Envelope;
 use idem_host::reload::Reloader;
 use idem_host::tools::{bench, chaos, demo, kit, verify};
-use idem_host::{app, observe};
+use idem_host::{app, console, observe};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +59,9 @@ enum Command {
     /// Inspect the dead-letter store.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Serve the web console without running workers: counts, claims,
+    /// retries, dead letters (replay, purge). `idem run` serves it too.
+    Console(ConsoleArgs),
     /// The demo: duplicates, concurrent redeliveries, crashes and poison
     /// against the example plugins, on a throwaway embedded database.
     Demo(demo::DemoArgs),
@@ -83,6 +86,16 @@ struct RunArgs {
     config: ConfigArg,
     /// Serve /metrics, /healthz, /readyz and /plugins on this address
     /// (overrides http.listen), e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    listen: Option<String>,
+}
+
+#[derive(Args)]
+struct ConsoleArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Address to serve on (overrides http.listen; default 127.0.0.1:9464).
+    /// Any address but loopback needs http.token (or IDEM_HTTP_TOKEN).
     #[arg(long)]
     listen: Option<String>,
 }
@@ -162,6 +175,9 @@ struct DlqSelect {
     /// Only this plugin's dead letters.
     #[arg(long)]
     plugin: Option<String>,
+    /// Only dead letters whose reason contains this text.
+    #[arg(long)]
+    reason: Option<String>,
 }
 
 impl DlqSelect {
@@ -170,6 +186,8 @@ impl DlqSelect {
             ids: self.ids.clone(),
             all: self.all,
             plugin: self.plugin.clone(),
+            reason: self.reason.clone(),
+            dead_since: None,
         }
     }
 }
@@ -221,6 +239,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(cmd) => cli::plugin::main(cmd).await,
+        Command::Console(args) => serve_console(args).await,
         Command::Stats { config, json } => {
             let config = config.load()?;
             let backends = idem_host::backend::open(&config).await?;
@@ -241,6 +260,11 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 for (part, n) in &stats.backlog {
                     println!("  {part}: {n} pending");
                 }
+                let h = &stats.last_hour;
+                println!(
+                    "last hour: done {}  duplicates {}  busy {}  retries {}  dead-lettered {}",
+                    h.done, h.duplicates, h.busy, h.retries, h.dead_lettered
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -329,6 +353,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
     let metrics = listen.as_ref().map(|_| observe::prometheus()).transpose()?;
     let pool = app::Pool::start(&config).await?;
     let aux = CancellationToken::new();
+    let reloader = Reloader::new(pool.runtime.clone(), pool.backends.admin.clone(), config.clone(), config_path);
     if let (Some(addr), Some(metrics)) = (listen, metrics) {
         let state = observe::HttpState {
             metrics,
@@ -337,11 +362,22 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
             worker: pool.worker.clone(),
             counters: pool.counters.clone(),
         };
-        let (bound, _) = observe::serve(&addr, state, aux.clone()).await?;
-        tracing::info!(%bound, "serving /metrics, /healthz, /readyz and /plugins");
+        let listener = observe::bind(&addr).await?;
+        let bound = listener.local_addr()?;
+        let live = console::Live {
+            runtime: pool.runtime.clone(),
+            worker: pool.worker.clone(),
+            reloader: reloader.clone(),
+        };
+        let console = console::Console::new(pool.backends.clone(), config.clone(), Some(live), bound);
+        match console.off() {
+            Some(why) => tracing::warn!("{why}"),
+            None => tracing::info!(url = %format!("http://{bound}/console"), "console"),
+        }
+        observe::serve(listener, observe::router(state).merge(console::router(console)), aux.clone());
+        tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /plugins and /console");
     }
     tokio::spawn(observe::watch_lease_risk(pool.worker.clone(), Duration::from_secs(5), aux.clone()));
-    let reloader = Reloader::new(pool.runtime.clone(), pool.backends.admin.clone(), config.clone(), config_path);
     if config.worker.watch_plugins {
         reloader.watch(aux.clone())?;
     }
@@ -380,6 +416,26 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
         tracing::info!("stopped cleanly");
     }
     result
+}
+
+async fn serve_console(args: ConsoleArgs) -> Result<ExitCode> {
+    let config = args.config.load()?;
+    let backends = idem_host::backend::open(&config).await?;
+    let addr = args
+        .listen
+        .or_else(|| config.http.listen.clone())
+        .unwrap_or_else(|| "127.0.0.1:9464".into());
+    let listener = observe::bind(&addr).await?;
+    let bound = listener.local_addr()?;
+    let console = console::Console::new(backends, config, None, bound);
+    console.refuse_unguarded()?;
+    tracing::info!(url = %format!("http://{bound}/console"), "console");
+    let stop = CancellationToken::new();
+    let served = observe::serve(listener, console::router(console), stop.clone());
+    wait_for_signal().await;
+    stop.cancel();
+    served.await.context("console task panicked")?;
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn wait_for_signal() {

@@ -10,6 +10,7 @@
 //! | `/healthz` | 200 while the process runs                                     |
 //! | `/readyz`  | 200 when the broker, claim store and data store answer, else 503 |
 //! | `/plugins` | JSON: each loaded plugin, its version (content hash), when loaded |
+//! | `/console` | the web console ([`crate::console`])                           |
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -119,28 +120,33 @@ pub struct HttpState {
     pub counters: Arc<Counters>,
 }
 
-/// Bind `addr` and serve until `stop` is cancelled. Returns the bound
-/// address (useful with port 0) and the server task.
-pub async fn serve(addr: &str, state: HttpState, stop: CancellationToken) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr)
+/// Bind `addr` (the `http.listen` setting or `--listen`).
+pub async fn bind(addr: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {addr} (http.listen / --listen): is another process using the port?"))?;
-    let bound = listener.local_addr()?;
-    let app = Router::new()
+        .with_context(|| format!("cannot listen on {addr} (http.listen / --listen): is another process using the port?"))
+}
+
+/// The probes', metrics' and plugins' routes.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/plugins", get(plugins))
-        .with_state(state);
-    let task = tokio::spawn(async move {
+        .with_state(state)
+}
+
+/// Serve `app` on `listener` until `stop` is cancelled.
+pub fn serve(listener: TcpListener, app: Router, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "the HTTP endpoint stopped");
         }
-    });
-    Ok((bound, task))
+    })
 }
 
 async fn metrics_page(State(s): State<HttpState>) -> Response {

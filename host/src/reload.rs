@@ -56,7 +56,12 @@ pub struct Reloader {
     config: Mutex<Config>,
     /// One reload at a time.
     running: tokio::sync::Mutex<()>,
+    /// The reloads that changed or refused something, newest last.
+    history: Mutex<std::collections::VecDeque<(i64, ReloadReport)>>,
 }
+
+/// Reloads kept in [`Reloader::history`].
+const HISTORY: usize = 50;
 
 impl Reloader {
     /// A reloader for a pool started from `config` (read from `config_path`,
@@ -68,6 +73,7 @@ impl Reloader {
             config_path,
             config: Mutex::new(config),
             running: tokio::sync::Mutex::new(()),
+            history: Mutex::default(),
         })
     }
 
@@ -124,10 +130,12 @@ impl Reloader {
                 Err(e) => {
                     let why = format!("{e:#}");
                     tracing::error!(error = %why, file = %path.display(), "configuration not reloaded; the running plugins keep serving");
-                    return ReloadReport {
+                    let report = ReloadReport {
                         config_refused: Some(why),
                         ..ReloadReport::default()
                     };
+                    self.remember(&report);
+                    return report;
                 }
             }
         }
@@ -173,7 +181,25 @@ impl Reloader {
                 Err(e) => refuse(&mut report, &name, &self.runtime, format!("{e:#}")),
             }
         }
+        self.remember(&report);
         report
+    }
+
+    /// The last reloads that swapped or refused a plugin or refused the
+    /// configuration, with when (Unix ms), oldest first.
+    pub fn history(&self) -> Vec<(i64, ReloadReport)> {
+        self.history.lock().expect("history poisoned").iter().cloned().collect()
+    }
+
+    fn remember(&self, report: &ReloadReport) {
+        if report.swapped.is_empty() && report.refused.is_empty() && report.config_refused.is_none() {
+            return;
+        }
+        let mut history = self.history.lock().expect("history poisoned");
+        if history.len() == HISTORY {
+            history.pop_front();
+        }
+        history.push_back((crate::now_ms(), report.clone()));
     }
 
     async fn compile(&self, name: &str, p: &PluginConfig, bytes: Vec<u8>, config: &Config) -> Result<Arc<crate::runtime::Plugin>> {

@@ -9,7 +9,7 @@ use idem_host::config::{Config, StoreConfig, StoreKind};
 use idem_host::envelope::payload_hash;
 use idem_host::store::{DataError, Inserted, Upsert};
 
-async fn sqlite() -> (tempfile::TempDir, Backends) {
+pub async fn sqlite() -> (tempfile::TempDir, Backends) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
     config.database.path = dir.path().join("conformance.db");
@@ -17,7 +17,7 @@ async fn sqlite() -> (tempfile::TempDir, Backends) {
     (dir, backends)
 }
 
-fn request<'a>(key: &'a str, hash: &'a str, payload: &'a [u8], max_attempts: u32) -> ClaimRequest<'a> {
+pub fn request<'a>(key: &'a str, hash: &'a str, payload: &'a [u8], max_attempts: u32) -> ClaimRequest<'a> {
     ClaimRequest {
         plugin: "p",
         key,

@@ -73,6 +73,56 @@ pub struct ClaimCounts {
     pub journal: u64,
 }
 
+/// One claim in full, as the console's message pages show it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ClaimInfo {
+    /// Plugin name.
+    pub plugin: String,
+    /// Idempotency key.
+    pub key: String,
+    /// The message id that took the claim.
+    pub msg_id: String,
+    /// Where it stands.
+    pub state: ClaimState,
+    /// The current fence.
+    pub fence: i64,
+    /// The worker running it (running claims).
+    pub owner: Option<String>,
+    /// When the running execution's lease ends (ms; 0 when not running).
+    pub lease_until: i64,
+    /// When a retry is due (ms; retry claims).
+    pub not_before: i64,
+    /// Executions started.
+    pub attempts: u32,
+    /// Executions that trapped.
+    pub traps: u32,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
+    /// Content hash of the plugin that last ran it.
+    pub plugin_version: Option<String>,
+    /// When it was first taken (ms).
+    pub created_at: i64,
+    /// When it last changed (ms): for a running claim, when its execution
+    /// started.
+    pub updated_at: i64,
+}
+
+/// One journaled external call of a message.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct JournalStep {
+    /// The step name the handler gave.
+    pub step: String,
+    /// SHA-256 of the request.
+    pub request_hash: String,
+    /// The response replayed to later executions (as text, lossily).
+    #[serde(serialize_with = "lossy_text")]
+    pub response: Vec<u8>,
+    /// Content hash of the plugin that made the call (not kept by Redis).
+    pub plugin_version: Option<String>,
+    /// When it was journaled (ms; not kept by Redis).
+    pub created_at: Option<i64>,
+}
+
 /// What one retention sweep removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Swept {
@@ -119,6 +169,21 @@ pub trait ClaimAdmin: Send + Sync + 'static {
     /// and reload: a plugin's keys must not change while its messages are
     /// in flight.
     async fn key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<String, ClaimError>;
+    /// One claim in full.
+    async fn claim(&self, plugin: &str, key: &str) -> Result<Option<ClaimInfo>, ClaimError>;
+    /// Claims in `state` (running or retry: the console's in-flight and
+    /// retrying pages), of `plugin` if given, at most `limit`: running ones
+    /// longest-running first, retries soonest-due first.
+    async fn claims_in(&self, state: ClaimState, plugin: Option<&str>, limit: i64) -> Result<Vec<ClaimInfo>, ClaimError>;
+    /// The journaled external calls of one message.
+    async fn journal(&self, plugin: &str, key: &str) -> Result<Vec<JournalStep>, ClaimError>;
+    /// Add a worker's counts to one minute of the namespace's activity
+    /// (`minute`: ms at its start; `counts`: outcome and how many), and
+    /// forget the minutes before `keep_since`.
+    async fn activity_add(&self, minute: i64, counts: &[(&str, u64)], keep_since: i64) -> Result<(), ClaimError>;
+    /// The activity of every minute from `since` on: (minute, outcome,
+    /// count), oldest first.
+    async fn activity(&self, since: i64) -> Result<Vec<(i64, String, u64)>, ClaimError>;
     /// Replace the recorded key pointer (`idem plugin rekey`, an operator's
     /// decision once nothing of the plugin is in flight).
     async fn set_key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<(), ClaimError>;

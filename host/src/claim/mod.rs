@@ -11,13 +11,14 @@
 mod admin;
 pub mod postgres;
 pub mod redis;
+mod redis_inspect;
 mod sql_admin;
 pub mod sqlite;
 mod state;
 
 use async_trait::async_trait;
 
-pub use admin::{ClaimAdmin, ClaimCounts, DeadLetter, Swept};
+pub use admin::{ClaimAdmin, ClaimCounts, ClaimInfo, DeadLetter, JournalStep, Swept};
 pub use state::ClaimState;
 pub(crate) use state::{decide, Decision, Stored};
 

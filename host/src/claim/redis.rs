@@ -16,14 +16,14 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value};
 
 use super::{
-    ClaimAdmin, ClaimCounts, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, ClaimStore, DeadLetter, DeadLetterRequest,
-    JournalEntry, Swept,
+    ClaimAdmin, ClaimCounts, ClaimError, ClaimInfo, ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, ClaimStore, DeadLetter,
+    DeadLetterRequest, JournalEntry, JournalStep, Swept,
 };
 
 /// The Redis claim store.
 pub struct RedisClaims {
-    conn: ConnectionManager,
-    ns: String,
+    pub(super) conn: ConnectionManager,
+    pub(super) ns: String,
     claim: Script,
     extend: Script,
     confirm: Script,
@@ -74,14 +74,14 @@ impl RedisClaims {
         })
     }
 
-    fn claim_key(&self, plugin: &str, key: &str) -> String {
+    pub(super) fn claim_key(&self, plugin: &str, key: &str) -> String {
         // Length-prefixed so that no (plugin, key) pair can collide.
         format!("{}:claim:{}:{plugin}:{key}", self.ns, plugin.len())
     }
-    fn journal_key(&self, plugin: &str, key: &str) -> String {
+    pub(super) fn journal_key(&self, plugin: &str, key: &str) -> String {
         format!("{}:journal:{}:{plugin}:{key}", self.ns, plugin.len())
     }
-    fn claim_prefix(&self) -> String {
+    pub(super) fn claim_prefix(&self) -> String {
         format!("{}:claim:", self.ns)
     }
     fn journal_prefix(&self) -> String {
@@ -455,6 +455,27 @@ impl ClaimAdmin for RedisClaims {
         Ok(recorded)
     }
 
+    async fn claim(&self, plugin: &str, key: &str) -> Result<Option<ClaimInfo>, ClaimError> {
+        self.claim_info(plugin, key).await
+    }
+
+    async fn claims_in(&self, state: ClaimState, plugin: Option<&str>, limit: i64) -> Result<Vec<ClaimInfo>, ClaimError> {
+        self.claims_in_state(state, plugin, limit).await
+    }
+
+    async fn journal(&self, plugin: &str, key: &str) -> Result<Vec<JournalStep>, ClaimError> {
+        self.journal_steps(plugin, key).await
+    }
+
+    async fn activity_add(&self, minute: i64, counts: &[(&str, u64)], _keep_since: i64) -> Result<(), ClaimError> {
+        self.add_activity(minute, counts).await
+    }
+
+    async fn activity(&self, since: i64) -> Result<Vec<(i64, String, u64)>, ClaimError> {
+        let now = self.clock_ms().await?.unwrap_or_else(crate::now_ms);
+        self.activity_since(since, now).await
+    }
+
     async fn set_key_pointer(&self, plugin: &str, pointer: &str, _now: i64) -> Result<(), ClaimError> {
         let mut conn = self.conn.clone();
         let _: () = conn.hset(self.key_pointers_key(), plugin, pointer).await?;
@@ -463,7 +484,7 @@ impl ClaimAdmin for RedisClaims {
 }
 
 /// `plugin`, `key` from a claim key's suffix `{len(plugin)}:{plugin}:{key}`.
-fn split_claim_suffix(suffix: &str) -> Option<(String, String)> {
+pub(super) fn split_claim_suffix(suffix: &str) -> Option<(String, String)> {
     let (len, rest) = suffix.split_once(':')?;
     let len: usize = len.parse().ok()?;
     let plugin = rest.get(..len)?;

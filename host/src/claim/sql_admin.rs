@@ -140,6 +140,66 @@ macro_rules! sql_claim_admin {
                 )
             }
 
+            async fn claim(&self, plugin: &str, key: &str) -> Result<Option<$crate::claim::ClaimInfo>, $crate::claim::ClaimError> {
+                let row = sqlx::query(include_str!(concat!("../../queries/", $dialect, "/admin_claim.sql")))
+                    .bind(plugin)
+                    .bind(key)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.as_ref().map(claim_row).transpose()
+            }
+
+            async fn claims_in(
+                &self,
+                state: $crate::claim::ClaimState,
+                plugin: Option<&str>,
+                limit: i64,
+            ) -> Result<Vec<$crate::claim::ClaimInfo>, $crate::claim::ClaimError> {
+                let rows = sqlx::query(include_str!(concat!("../../queries/", $dialect, "/admin_claims_in.sql")))
+                    .bind(state.as_str())
+                    .bind(plugin.unwrap_or(""))
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(claim_row).collect()
+            }
+
+            async fn journal(&self, plugin: &str, key: &str) -> Result<Vec<$crate::claim::JournalStep>, $crate::claim::ClaimError> {
+                let rows = sqlx::query(include_str!(concat!("../../queries/", $dialect, "/admin_journal.sql")))
+                    .bind(plugin)
+                    .bind(key)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.iter().map(journal_row).collect::<Result<_, sqlx::Error>>()?)
+            }
+
+            async fn activity_add(&self, minute: i64, counts: &[(&str, u64)], keep_since: i64) -> Result<(), $crate::claim::ClaimError> {
+                let mut tx = self.pool.begin().await?;
+                for (outcome, n) in counts.iter().filter(|(_, n)| *n > 0) {
+                    sqlx::query(include_str!(concat!("../../queries/", $dialect, "/activity_add.sql")))
+                        .bind(minute)
+                        .bind(*outcome)
+                        .bind(*n as i64)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                sqlx::query(include_str!(concat!("../../queries/", $dialect, "/activity_trim.sql")))
+                    .bind(keep_since)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn activity(&self, since: i64) -> Result<Vec<(i64, String, u64)>, $crate::claim::ClaimError> {
+                let rows: Vec<(i64, String, i64)> =
+                    sqlx::query_as(include_str!(concat!("../../queries/", $dialect, "/activity_since.sql")))
+                        .bind(since)
+                        .fetch_all(&self.pool)
+                        .await?;
+                Ok(rows.into_iter().map(|(m, o, n)| (m, o, n.max(0) as u64)).collect())
+            }
+
             async fn set_key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<(), $crate::claim::ClaimError> {
                 sqlx::query(include_str!(concat!("../../queries/", $dialect, "/key_pointer_set.sql")))
                     .bind(plugin)
@@ -149,6 +209,48 @@ macro_rules! sql_claim_admin {
                     .await?;
                 Ok(())
             }
+        }
+
+        fn claim_row<R: sqlx::Row>(row: &R) -> Result<$crate::claim::ClaimInfo, $crate::claim::ClaimError>
+        where
+            for<'c> &'c str: sqlx::ColumnIndex<R>,
+            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        {
+            Ok($crate::claim::ClaimInfo {
+                plugin: row.try_get("plugin")?,
+                key: row.try_get("key")?,
+                msg_id: row.try_get("msg_id")?,
+                state: $crate::claim::sql_admin::state(&row.try_get::<String, _>("state")?)?,
+                fence: row.try_get("fence")?,
+                owner: row.try_get::<Option<String>, _>("owner")?.filter(|o| !o.is_empty()),
+                lease_until: row.try_get("lease_until")?,
+                not_before: row.try_get("not_before")?,
+                attempts: row.try_get::<i64, _>("attempts")? as u32,
+                traps: row.try_get::<i64, _>("traps")? as u32,
+                last_error: row.try_get("last_error")?,
+                plugin_version: row.try_get("plugin_version")?,
+                created_at: row.try_get("created_at")?,
+                updated_at: row.try_get("updated_at")?,
+            })
+        }
+
+        fn journal_row<R: sqlx::Row>(row: &R) -> Result<$crate::claim::JournalStep, sqlx::Error>
+        where
+            for<'c> &'c str: sqlx::ColumnIndex<R>,
+            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        {
+            Ok($crate::claim::JournalStep {
+                step: row.try_get("step")?,
+                request_hash: row.try_get("request_hash")?,
+                response: row.try_get("response")?,
+                plugin_version: row.try_get("plugin_version")?,
+                created_at: Some(row.try_get("created_at")?),
+            })
         }
 
         fn dead_letter_row<R: sqlx::Row>(row: &R) -> Result<$crate::claim::DeadLetter, sqlx::Error>

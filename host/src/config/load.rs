@@ -11,7 +11,7 @@ use super::*;
 impl Config {
     /// Read and check a config file; relative plugin paths are resolved
     /// against the file's directory. Environment variables override:
-    /// `IDEM_DATABASE_PATH`, `IDEM_WORKER_CONCURRENCY`.
+    /// `IDEM_DATABASE_PATH`, `IDEM_WORKER_CONCURRENCY`, `IDEM_HTTP_TOKEN`, ….
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}: check the --config path", path.display()))?;
@@ -43,6 +43,9 @@ impl Config {
         }
         if let Ok(v) = std::env::var("IDEM_DATA_URL") {
             self.data.url = Some(v);
+        }
+        if let Ok(v) = std::env::var("IDEM_HTTP_TOKEN") {
+            self.http.token = Some(super::Secret(v));
         }
         if let Ok(v) = std::env::var("IDEM_DATABASE_PATH") {
             self.database.path = PathBuf::from(v);

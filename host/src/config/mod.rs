@@ -74,14 +74,31 @@ impl Default for RetentionConfig {
     }
 }
 
-/// `[http]`: where `idem run` serves `/metrics`, `/healthz`, `/readyz` and
-/// `/plugins`.
+/// `[http]`: where `idem run` serves `/metrics`, `/healthz`, `/readyz`,
+/// `/plugins` and the console (`/console`), and how the console is guarded.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
-    /// Address to listen on, e.g. `0.0.0.0:9464`; off when unset.
+    /// Address to listen on, e.g. `127.0.0.1:9464`; off when unset.
     /// `idem run --listen ADDR` overrides it.
     pub listen: Option<String>,
+    /// The console's token (a bearer token, or typed into its login form).
+    /// Required to serve the console on an address other than loopback;
+    /// `IDEM_HTTP_TOKEN` overrides it.
+    pub token: Option<Secret>,
+    /// Console without replay and purge: every action is refused.
+    pub read_only: bool,
+}
+
+/// A setting that is never printed (`Debug` shows `***`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 impl Default for Config {

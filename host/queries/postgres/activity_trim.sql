@@ -1,0 +1,2 @@
+-- $1: remove the minutes before this one
+DELETE FROM activity WHERE minute < $1

@@ -1,0 +1,166 @@
+//! The Redis claim store's answers to the console's questions: one claim
+//! in full, the claims in one state, a message's journal, and the
+//! namespace's activity per minute.
+//!
+//! Claims are hashes with no index by state, so listing the running or
+//! retrying ones scans the namespace's claim keys (at most
+//! [`SCAN_LIMIT`] per page; settled claims are removed by retention).
+//! Activity is one hash per minute, `{ns}:activity:{minute}`, expiring a
+//! day after its minute.
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+
+use super::redis::{split_claim_suffix, RedisClaims};
+use super::{ClaimError, ClaimInfo, ClaimState, JournalStep};
+
+/// Claim keys looked at by one listing.
+pub const SCAN_LIMIT: usize = 100_000;
+
+/// How long a minute of activity is kept.
+const ACTIVITY_TTL_SECS: i64 = 24 * 3600;
+
+impl RedisClaims {
+    pub(super) async fn claim_info(&self, plugin: &str, key: &str) -> Result<Option<ClaimInfo>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let fields: HashMap<String, String> = conn.hgetall(self.claim_key(plugin, key)).await?;
+        claim_from(plugin, key, &fields)
+    }
+
+    pub(super) async fn claims_in_state(&self, state: ClaimState, plugin: Option<&str>, limit: i64) -> Result<Vec<ClaimInfo>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let prefix = self.claim_prefix();
+        let pattern = match plugin {
+            Some(p) => format!("{prefix}{}:{p}:*", p.len()),
+            None => format!("{prefix}*"),
+        };
+        let (mut cursor, mut seen, mut out) = (0u64, 0usize, Vec::new());
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            seen += keys.len();
+            cursor = next;
+            if keys.is_empty() {
+                if cursor == 0 {
+                    break;
+                }
+                continue;
+            }
+            let mut states = redis::pipe();
+            for k in &keys {
+                states.hget(k, "state");
+            }
+            let names: Vec<Option<String>> = states.query_async(&mut conn).await?;
+            for (k, name) in keys.iter().zip(names) {
+                if name.as_deref() != Some(state.as_str()) {
+                    continue;
+                }
+                let Some((plugin, key)) = k.strip_prefix(&prefix).and_then(split_claim_suffix) else {
+                    continue;
+                };
+                let fields: HashMap<String, String> = conn.hgetall(k).await?;
+                out.extend(claim_from(&plugin, &key, &fields)?);
+            }
+            if cursor == 0 || seen >= SCAN_LIMIT {
+                break;
+            }
+        }
+        out.sort_by_key(|c| {
+            (
+                if c.state == ClaimState::Retry { c.not_before } else { c.updated_at },
+                c.plugin.clone(),
+                c.key.clone(),
+            )
+        });
+        out.truncate(limit.max(0) as usize);
+        Ok(out)
+    }
+
+    pub(super) async fn journal_steps(&self, plugin: &str, key: &str) -> Result<Vec<JournalStep>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let fields: HashMap<String, Vec<u8>> = conn.hgetall(self.journal_key(plugin, key)).await?;
+        let mut steps: Vec<JournalStep> = fields
+            .iter()
+            .filter_map(|(f, response)| {
+                let step = f.strip_suffix("\0r")?;
+                let request_hash = fields.get(&format!("{step}\0h")).map(|h| String::from_utf8_lossy(h).into_owned())?;
+                Some(JournalStep {
+                    step: step.to_string(),
+                    request_hash,
+                    response: response.clone(),
+                    plugin_version: None,
+                    created_at: None,
+                })
+            })
+            .collect();
+        steps.sort_by(|a, b| a.step.cmp(&b.step));
+        Ok(steps)
+    }
+
+    pub(super) async fn add_activity(&self, minute: i64, counts: &[(&str, u64)]) -> Result<(), ClaimError> {
+        let mut conn = self.conn.clone();
+        let key = format!("{}:activity:{minute}", self.ns);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (outcome, n) in counts.iter().filter(|(_, n)| *n > 0) {
+            pipe.hincr(&key, *outcome, *n).ignore();
+        }
+        pipe.expire_at(&key, minute / 1000 + ACTIVITY_TTL_SECS).ignore();
+        let () = pipe.query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    pub(super) async fn activity_since(&self, since: i64, now: i64) -> Result<Vec<(i64, String, u64)>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let minutes: Vec<i64> = (since.div_euclid(60_000)..=now.div_euclid(60_000))
+            .map(|m| m * 60_000)
+            .take(24 * 60 + 1)
+            .collect();
+        let mut pipe = redis::pipe();
+        for m in &minutes {
+            pipe.hgetall(format!("{}:activity:{m}", self.ns));
+        }
+        let maps: Vec<HashMap<String, i64>> = pipe.query_async(&mut conn).await?;
+        let mut out = Vec::new();
+        for (m, map) in minutes.iter().zip(maps) {
+            let mut row: Vec<(i64, String, u64)> = map.into_iter().map(|(o, n)| (*m, o, n.max(0) as u64)).collect();
+            row.sort();
+            out.extend(row);
+        }
+        Ok(out)
+    }
+}
+
+/// A claim from its hash's fields (`None` when the hash is empty: no claim).
+fn claim_from(plugin: &str, key: &str, f: &HashMap<String, String>) -> Result<Option<ClaimInfo>, ClaimError> {
+    let Some(name) = f.get("state") else {
+        return Ok(None);
+    };
+    let state =
+        ClaimState::parse(name).ok_or_else(|| ClaimError::Unavailable(format!("the claim store holds an unknown claim state {name:?}")))?;
+    let int = |field: &str| f.get(field).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    let text = |field: &str| f.get(field).filter(|v| !v.is_empty()).cloned();
+    Ok(Some(ClaimInfo {
+        plugin: plugin.to_string(),
+        key: key.to_string(),
+        msg_id: f.get("msg_id").cloned().unwrap_or_default(),
+        state,
+        fence: int("fence"),
+        owner: text("owner"),
+        lease_until: int("lease_until"),
+        not_before: int("not_before"),
+        attempts: int("attempts").max(0) as u32,
+        traps: int("traps").max(0) as u32,
+        last_error: text("last_error"),
+        plugin_version: text("plugin_version"),
+        created_at: int("created_at"),
+        updated_at: int("updated_at"),
+    }))
+}
