@@ -1,9 +1,12 @@
 //! Small text helpers shared across the host: URLs without passwords, this
 //! machine's name, and UTF-8-safe truncation.
 
-/// A URL with its password replaced by `***`, for error messages and logs.
-/// Parsed with the `url` crate, so `@` or `:` in a path or query are left
-/// alone; a string that is not a URL keeps nothing before its last `@`.
+/// A URL with its password replaced by `***`, for error messages, logs and
+/// the console: the password of its user info, and the values of query
+/// parameters that carry secrets (`password`, `sslpassword`, `token`,
+/// `secret`, `*key`, …). Parsed with the `url` crate, so `@` or `:` in a
+/// path or query are left alone; a string that is not a URL keeps nothing
+/// before its last `@`.
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut parsed) if !parsed.cannot_be_a_base() => {
@@ -11,6 +14,22 @@ pub fn redact_url(url: &str) -> String {
                 // Only URLs that cannot carry credentials refuse this, and
                 // those have no password to hide.
                 let _ = parsed.set_password(Some("***"));
+            }
+            let secret = |name: &str| {
+                let name = name.to_ascii_lowercase();
+                ["pass", "pwd", "secret", "token", "key", "credential", "auth"]
+                    .iter()
+                    .any(|s| name.contains(s))
+            };
+            if parsed.query_pairs().any(|(k, _)| secret(&k)) {
+                let pairs: Vec<(String, String)> = parsed
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if secret(&k) { "***".to_string() } else { v.into_owned() };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                parsed.query_pairs_mut().clear().extend_pairs(pairs);
             }
             parsed.to_string()
         }
@@ -77,6 +96,16 @@ mod tests {
             redact_url("postgres://u:p%40ss@h/db?application_name=a@b"),
             "postgres://u:***@h/db?application_name=a@b"
         );
+    }
+
+    #[test]
+    fn secrets_in_the_query_are_hidden_too() {
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=s3cret&sslmode=disable"),
+            "postgres://u@h/db?password=***&sslmode=disable"
+        );
+        assert_eq!(redact_url("http://h:4566/?AccessKey=a&x=1"), "http://h:4566/?AccessKey=***&x=1");
+        assert_eq!(redact_url("redis://h:6379/0?protocol=resp3"), "redis://h:6379/0?protocol=resp3");
     }
 
     #[test]

@@ -135,6 +135,21 @@ fn publish(config: &Path, dir: &Path, lines: &str) {
 
 const XSS: &str = "<script>window.__idemXss=1</script><img src=x onerror=\"window.__idemXss=2\">";
 
+/// A message id (the poison plugin's key) that is markup.
+const XSS_KEY: &str = "k\"><img src=x onerror=window.__idemXss=3>";
+
+/// The console's token in the token test.
+const TOKEN: &str = "s3cret-console-token-0123";
+
+/// The CSRF token of a console page's action form.
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("an action form's CSRF token")
+        .to_string()
+}
+
 /// A pool with duplicates and poison, then the console: the overview's
 /// duplicate count is what `idem stats` reports; searching the poison key
 /// finds its dead letter; replay republishes it (the store shows the old
@@ -166,11 +181,12 @@ async fn console_shows_a_pools_duplicates_and_dead_letters_and_replays_them() {
         json!({ "mode": "permanent", "note": XSS }),
         &[("x-note", XSS)],
     );
+    first += &line(XSS_KEY, "poison", json!({ "mode": "permanent" }), &[]);
     publish(&config, &dir, &first);
     let mut run = crate::common::spawn_idem_run(&config, &dir.join("run.log"));
-    wait_until(Duration::from_secs(60), "20 done, 2 dead", || async {
+    wait_until(Duration::from_secs(60), "20 done, 3 dead", || async {
         let s = stats(&config).await;
-        s["done"] == 20 && s["dead_lettered"] == 2
+        s["done"] == 20 && s["dead_lettered"] == 3
     })
     .await;
     // The same five grants again: duplicates, acked without running.
@@ -199,7 +215,7 @@ async fn console_shows_a_pools_duplicates_and_dead_letters_and_replays_them() {
     b.goto(&format!("{base}/console")).await.unwrap();
     assert_eq!(browser.text("#hour-duplicates").await, duplicates.to_string());
     assert_eq!(browser.text("#count-done").await, "20");
-    assert_eq!(browser.text("#count-dead").await, "2");
+    assert_eq!(browser.text("#count-dead").await, "3");
     browser.shot("overview").await;
 
     // Messages: search the poison key.
@@ -226,6 +242,30 @@ async fn console_shows_a_pools_duplicates_and_dead_letters_and_replays_them() {
     // A POST without the page's CSRF token (or with a wrong one) is
     // refused and changes nothing.
     let http_client = reqwest::Client::new();
+    let page = http_client
+        .get(format!("{base}/console/dead"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let cross_site = http_client
+        .post(format!("{base}/console/dead/replay"))
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={}&id={poison_id}&scope=selected", csrf_of(&page)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross_site.status(), 403, "a form posted from another site");
+    let rebound = http_client
+        .get(format!("{base}/console/dead"))
+        .header("host", format!("evil.example:{}", http.rsplit(':').next().unwrap()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421, "a request under a name other than loopback's");
     for body in [
         format!("id={poison_id}&scope=selected"),
         format!("id={poison_id}&scope=selected&csrf=guess"),
@@ -277,13 +317,37 @@ async fn console_shows_a_pools_duplicates_and_dead_letters_and_replays_them() {
         json!("undefined")
     );
     browser.shot("dead-letter-markup").await;
+    // A key that is markup is text in the list and on its message page.
     b.goto(&format!("{base}/console/dead")).await.unwrap();
-    assert!(browser.text("#dead-count").await.starts_with("2 dead letter(s) match"));
+    assert!(browser.text("#dead-count").await.starts_with("3 dead letter(s) match"));
+    assert!(browser.text("#dead-list").await.contains(XSS_KEY));
+    assert!(!b.source().await.unwrap().contains("<img src=x onerror=window.__idemXss=3>"));
+    browser.shot("dead-letters").await;
+    let query: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("plugin", "poison")
+        .append_pair("key", XSS_KEY)
+        .finish();
+    b.goto(&format!("{base}/console/messages?{query}")).await.unwrap();
+    assert_eq!(browser.text("#claim-state").await, "dead");
+    assert!(browser.text("main h1").await.contains(XSS_KEY));
+    assert!(!b.source().await.unwrap().contains("<img src=x onerror=window.__idemXss=3>"));
     assert_eq!(
         b.execute("return typeof window.__idemXss", vec![]).await.unwrap(),
         json!("undefined")
     );
-    browser.shot("dead-letters").await;
+
+    // Purge every dead letter the filtered list shows: refused without the
+    // confirmation box, done with it.
+    b.goto(&format!("{base}/console/dead?plugin=poison&reason=refused")).await.unwrap();
+    assert!(browser.text("#dead-count").await.starts_with("3 dead letter(s) match"));
+    browser.click("button.danger[value=matching]").await;
+    assert!(browser.text("main p.error").await.starts_with("Not purged"));
+    assert_eq!(json_of(&config, &["dlq", "list", "--json"]).as_array().unwrap().len(), 3);
+    b.back().await.unwrap();
+    browser.click("label.confirm input").await;
+    browser.click("button.danger[value=matching]").await;
+    assert_eq!(browser.text("#purged").await, "3 dead letter(s) deleted.");
+    assert_eq!(json_of(&config, &["dlq", "list", "--json"]), json!([]));
 
     // The other pages answer, with what the pool holds.
     for (page, css) in [("in-flight", "main h1"), ("retrying", "main h1"), ("plugins", "main table")] {
@@ -323,7 +387,13 @@ async fn console_off_loopback_needs_its_token_and_read_only_refuses_actions() {
     let (ok, _, err) = idem(&config_path, &["console", "--listen", &format!("0.0.0.0:{port}")]);
     assert!(!ok && err.contains("[http] token"), "{err}");
 
-    config.http.token = Some(idem_host::config::Secret("s3cret-token".into()));
+    // A short token is refused.
+    config.http.token = Some(idem_host::config::Secret("s3cret".into()));
+    std::fs::write(&config_path, toml::to_string(&config).unwrap()).unwrap();
+    let (ok, _, err) = idem(&config_path, &["console", "--listen", &format!("0.0.0.0:{port}")]);
+    assert!(!ok && err.contains("shorter than 16 characters"), "{err}");
+
+    config.http.token = Some(idem_host::config::Secret(TOKEN.into()));
     config.http.read_only = true;
     std::fs::write(&config_path, toml::to_string(&config).unwrap()).unwrap();
     let mut console = Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -353,12 +423,7 @@ async fn console_off_loopback_needs_its_token_and_read_only_refuses_actions() {
         .await
         .unwrap();
     assert_eq!(post.status(), 401);
-    let page = client
-        .get(format!("{base}/console"))
-        .bearer_auth("s3cret-token")
-        .send()
-        .await
-        .unwrap();
+    let page = client.get(format!("{base}/console")).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(page.status(), 200);
     assert!(page.text().await.unwrap().contains("id=\"count-dead\""));
 
@@ -371,13 +436,13 @@ async fn console_off_loopback_needs_its_token_and_read_only_refuses_actions() {
     b.find(Locator::Css("input[name=token]"))
         .await
         .unwrap()
-        .send_keys("s3cret-token")
+        .send_keys(TOKEN)
         .await
         .unwrap();
     browser.click("form button").await;
     assert!(browser.text("#dead-count").await.starts_with("1 dead letter(s) match"));
-    // Read-only: no replay or purge on the pages, and a replay POSTed with
-    // the page's own CSRF token is still refused.
+    // Read-only: no replay or purge on the pages, and a replay POSTed
+    // anyway is refused.
     let letters = json_of(&config_path, &["dlq", "list", "--json"]);
     let id = letters[0]["id"].as_i64().unwrap();
     b.goto(&format!("{base}/console/dead/{id}")).await.unwrap();
@@ -386,25 +451,18 @@ async fn console_off_loopback_needs_its_token_and_read_only_refuses_actions() {
     let source = b.source().await.unwrap();
     assert!(!source.contains("name=\"csrf\""), "no action forms when read-only");
     browser.shot("read-only").await;
+    b.goto(&format!("{base}/console/dead")).await.unwrap();
+    assert!(browser.text("#dead-list").await.contains("poison-2"));
+    assert!(
+        !b.source().await.unwrap().contains("name=\"csrf\""),
+        "no action forms when read-only"
+    );
     browser.stop().await;
-    let login = client
-        .get(format!("{base}/console/login"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = login
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("the login form's CSRF token");
     let replay = client
         .post(format!("{base}/console/dead/replay"))
-        .bearer_auth("s3cret-token")
+        .bearer_auth(TOKEN)
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("csrf={csrf}&id={id}&scope=selected"))
+        .body(format!("id={id}&scope=selected"))
         .send()
         .await
         .unwrap();

@@ -3,7 +3,7 @@
 //! a message's journal, and the namespace's activity per minute.
 
 use idem_host::backend::Backends;
-use idem_host::claim::{ClaimRef, ClaimState};
+use idem_host::claim::{ClaimRef, ClaimRequest, ClaimState};
 use idem_host::config::StoreKind;
 use idem_host::envelope::payload_hash;
 
@@ -25,6 +25,11 @@ async fn inspection_conformance(b: &Backends) {
     // two journaled steps.
     claims.claim(&[request("run-late", &hash, payload, 5)], now - 100).await.unwrap();
     claims.claim(&[request("run-early", &hash, payload, 5)], now - 400).await.unwrap();
+    let other = ClaimRequest {
+        plugin: "q",
+        ..request("run-q", &hash, payload, 5)
+    };
+    claims.claim(&[other], now - 50).await.unwrap();
     claims.claim(&[request("retry", &hash, payload, 5)], now - 1_000).await.unwrap();
     assert!(claims
         .release(&claim("retry", 1), now + 5_000, "api said 503", false, now - 900)
@@ -72,8 +77,13 @@ async fn inspection_conformance(b: &Backends) {
     let keys = |v: Vec<idem_host::claim::ClaimInfo>| v.into_iter().map(|c| c.key).collect::<Vec<_>>();
     assert_eq!(
         keys(admin.claims_in(ClaimState::Running, None, 10).await.unwrap()),
+        ["run-early", "run-late", "run-q"]
+    );
+    assert_eq!(
+        keys(admin.claims_in(ClaimState::Running, Some("p"), 10).await.unwrap()),
         ["run-early", "run-late"]
     );
+    assert_eq!(keys(admin.claims_in(ClaimState::Running, Some("q"), 10).await.unwrap()), ["run-q"]);
     assert_eq!(
         keys(admin.claims_in(ClaimState::Running, Some("p"), 1).await.unwrap()),
         ["run-early"]
@@ -97,6 +107,12 @@ async fn inspection_conformance(b: &Backends) {
     // an older minute is outside it.
     let minute = now.div_euclid(60_000) * 60_000;
     let day = 24 * 3600 * 1000;
+    // Two days old: dropped when the next minute is added (SQL) or expired
+    // at once (Redis).
+    admin
+        .activity_add(minute - 2 * day, &[("done", 9)], minute - 2 * day)
+        .await
+        .unwrap();
     admin
         .activity_add(minute - 90 * 60_000, &[("done", 7)], minute - day)
         .await
@@ -115,6 +131,16 @@ async fn inspection_conformance(b: &Backends) {
     let t = hour.total;
     assert_eq!((t.done, t.duplicates, t.busy, t.retries, t.dead_lettered), (4, 2, 0, 0, 1));
     assert_eq!(hour.minutes.last().unwrap().done, 4);
+    let kept = admin.activity(minute - 3 * day).await.unwrap();
+    assert_eq!(
+        kept,
+        [
+            (minute - 90 * 60_000, "done".to_string(), 7),
+            (minute, "dead_lettered".to_string(), 1),
+            (minute, "done".to_string(), 4),
+            (minute, "duplicates".to_string(), 2),
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

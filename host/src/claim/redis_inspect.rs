@@ -3,8 +3,9 @@
 //! namespace's activity per minute.
 //!
 //! Claims are hashes with no index by state, so listing the running or
-//! retrying ones scans the namespace's claim keys (at most
-//! [`SCAN_LIMIT`] per page; settled claims are removed by retention).
+//! retrying ones scans the namespace's claim keys (SCAN looks at up to
+//! [`SCAN_LIMIT`] keys per listing; settled claims stay until retention
+//! removes them, so a large namespace may list only part of them).
 //! Activity is one hash per minute, `{ns}:activity:{minute}`, expiring a
 //! day after its minute.
 
@@ -15,8 +16,23 @@ use redis::AsyncCommands;
 use super::redis::{split_claim_suffix, RedisClaims};
 use super::{ClaimError, ClaimInfo, ClaimState, JournalStep};
 
-/// Claim keys looked at by one listing.
+/// Keys one listing asks SCAN to look at, at most.
 pub const SCAN_LIMIT: usize = 100_000;
+
+/// Keys per SCAN call.
+const SCAN_COUNT: usize = 1_000;
+
+/// `text` with SCAN's glob characters escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\' | '^') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
 
 /// How long a minute of activity is kept.
 const ACTIVITY_TTL_SECS: i64 = 24 * 3600;
@@ -32,43 +48,45 @@ impl RedisClaims {
         let mut conn = self.conn.clone();
         let prefix = self.claim_prefix();
         let pattern = match plugin {
-            Some(p) => format!("{prefix}{}:{p}:*", p.len()),
-            None => format!("{prefix}*"),
+            Some(p) => format!("{}{}:{}:*", glob_escape(&prefix), p.len(), glob_escape(p)),
+            None => format!("{}*", glob_escape(&prefix)),
         };
-        let (mut cursor, mut seen, mut out) = (0u64, 0usize, Vec::new());
-        loop {
+        let (mut cursor, mut out) = (0u64, Vec::new());
+        for _ in 0..SCAN_LIMIT / SCAN_COUNT {
             let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
                 .arg("COUNT")
-                .arg(1000)
+                .arg(SCAN_COUNT)
                 .query_async(&mut conn)
                 .await?;
-            seen += keys.len();
             cursor = next;
-            if keys.is_empty() {
-                if cursor == 0 {
-                    break;
+            if !keys.is_empty() {
+                let mut states = redis::pipe();
+                for k in &keys {
+                    states.hget(k, "state");
                 }
-                continue;
-            }
-            let mut states = redis::pipe();
-            for k in &keys {
-                states.hget(k, "state");
-            }
-            let names: Vec<Option<String>> = states.query_async(&mut conn).await?;
-            for (k, name) in keys.iter().zip(names) {
-                if name.as_deref() != Some(state.as_str()) {
-                    continue;
+                let names: Vec<Option<String>> = states.query_async(&mut conn).await?;
+                let wanted: Vec<(String, String, &String)> = keys
+                    .iter()
+                    .zip(names)
+                    .filter(|(_, name)| name.as_deref() == Some(state.as_str()))
+                    .filter_map(|(k, _)| k.strip_prefix(&prefix).and_then(split_claim_suffix).map(|(p, key)| (p, key, k)))
+                    .filter(|(p, _, _)| plugin.is_none_or(|want| want == p))
+                    .collect();
+                if !wanted.is_empty() {
+                    let mut reads = redis::pipe();
+                    for (_, _, k) in &wanted {
+                        reads.hgetall(*k);
+                    }
+                    let all: Vec<HashMap<String, String>> = reads.query_async(&mut conn).await?;
+                    for ((p, key, _), fields) in wanted.iter().zip(&all) {
+                        out.extend(claim_from(p, key, fields)?);
+                    }
                 }
-                let Some((plugin, key)) = k.strip_prefix(&prefix).and_then(split_claim_suffix) else {
-                    continue;
-                };
-                let fields: HashMap<String, String> = conn.hgetall(k).await?;
-                out.extend(claim_from(&plugin, &key, &fields)?);
             }
-            if cursor == 0 || seen >= SCAN_LIMIT {
+            if cursor == 0 {
                 break;
             }
         }
@@ -119,10 +137,9 @@ impl RedisClaims {
 
     pub(super) async fn activity_since(&self, since: i64, now: i64) -> Result<Vec<(i64, String, u64)>, ClaimError> {
         let mut conn = self.conn.clone();
-        let minutes: Vec<i64> = (since.div_euclid(60_000)..=now.div_euclid(60_000))
-            .map(|m| m * 60_000)
-            .take(24 * 60 + 1)
-            .collect();
+        // Only the last day is kept.
+        let since = since.max(now - ACTIVITY_TTL_SECS * 1000);
+        let minutes: Vec<i64> = (since.div_euclid(60_000)..=now.div_euclid(60_000)).map(|m| m * 60_000).collect();
         let mut pipe = redis::pipe();
         for m in &minutes {
             pipe.hgetall(format!("{}:activity:{m}", self.ns));
@@ -163,4 +180,13 @@ fn claim_from(plugin: &str, key: &str, f: &HashMap<String, String>) -> Result<Op
         created_at: int("created_at"),
         updated_at: int("updated_at"),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn glob_characters_match_only_themselves() {
+        assert_eq!(super::glob_escape("a*b?[c]\\d^"), "a\\*b\\?\\[c\\]\\\\d\\^");
+        assert_eq!(super::glob_escape("plain-name_1"), "plain-name_1");
+    }
 }

@@ -60,6 +60,11 @@ impl Config {
 
     /// Check the settings that would otherwise fail later and less clearly.
     pub fn validate(&self) -> Result<()> {
+        if let Some(token) = &self.http.token {
+            if token.0.chars().count() < 16 {
+                bail!("http.token (or IDEM_HTTP_TOKEN) is shorter than 16 characters: the console's token must not be guessable; use a long random one, e.g. `openssl rand -hex 24`");
+            }
+        }
         let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
         if self.namespace.is_empty() || self.namespace.len() > 48 || !self.namespace.chars().all(valid) {
             bail!(

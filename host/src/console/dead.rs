@@ -16,7 +16,7 @@ use crate::claim::DeadLetter;
 use crate::dlq::Selection;
 
 /// The dead letters a list reads (newest first).
-const NEWEST: i64 = 1_000;
+const NEWEST: i64 = 500;
 
 /// `?plugin=…&reason=…&within=…` (each optional).
 #[derive(Debug, Default, Deserialize)]
@@ -38,34 +38,18 @@ const WITHIN: &[(&str, &str, i64)] = &[
 ];
 
 impl Filter {
-    fn from_form(form: &Form) -> Filter {
-        Filter {
-            plugin: form.get("plugin").unwrap_or_default().to_string(),
-            reason: form.get("reason").unwrap_or_default().to_string(),
-            within: form.get("within").unwrap_or_default().to_string(),
-        }
-    }
-
-    /// The same filter as a dead-letter selection (every match, or `ids`).
-    fn selection(&self, ids: Vec<i64>, now: i64) -> Selection {
+    /// The filter as a dead-letter selection, to match the list with.
+    fn selection(&self, now: i64) -> Selection {
         let nonempty = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
         Selection {
-            all: ids.is_empty(),
-            ids,
+            all: true,
+            ids: Vec::new(),
             plugin: nonempty(&self.plugin),
             reason: nonempty(&self.reason),
             dead_since: WITHIN
                 .iter()
                 .find(|(k, _, ms)| *k == self.within && *ms > 0)
                 .map(|(_, _, ms)| now - ms),
-        }
-    }
-
-    fn fields(&self) -> Markup {
-        html! {
-            input type="hidden" name="plugin" value=(self.plugin);
-            input type="hidden" name="reason" value=(self.reason);
-            input type="hidden" name="within" value=(self.within);
         }
     }
 }
@@ -75,7 +59,7 @@ pub async fn list(State(c): State<Arc<Console>>, Query(f): Query<Filter>) -> Res
         Ok(l) => l,
         Err(e) => return backend_error(&c, "the dead letters", e),
     };
-    let selection = f.selection(Vec::new(), c.backends.clock.now_ms());
+    let selection = f.selection(c.backends.clock.now_ms());
     let shown: Vec<&DeadLetter> = letters.iter().filter(|d| selection.matches(d)).collect();
     let body = html! {
         form.search method="get" action="/console/dead" {
@@ -90,26 +74,23 @@ pub async fn list(State(c): State<Arc<Console>>, Query(f): Query<Filter>) -> Res
             button type="submit" { "Filter" }
         }
         p #dead-count { (shown.len()) " dead letter(s) match" @if letters.len() as i64 == NEWEST { " (among the newest " (NEWEST) ")" } "." }
-        form #dead-actions method="post" action="/console/dead/replay" {
-            (view::csrf(&c))
-            (f.fields())
-            table {
-                tr { @if !c.read_only() { th { "" } } th { "id" } th { "plugin" } th { "key" } th { "reason" } th { "attempts" } th { "died" } }
-                @for d in &shown {
-                    tr {
-                        @if !c.read_only() { td { input type="checkbox" name="id" value=(d.id); } }
-                        td { a href=(format!("/console/dead/{}", d.id)) { "#" (d.id) } }
-                        td { (d.plugin) } td { (d.key) } td.reason { (d.reason) } td { (d.attempts) } td { (time(d.dead_at)) }
-                    }
-                }
-            }
-            @if !c.read_only() && !shown.is_empty() {
+        @if c.read_only() {
+            (table(&shown, false))
+        } @else {
+            form #dead-actions method="post" action="/console/dead/replay" {
+                (view::csrf(&c))
+                // "All matching" means the records this page shows, not
+                // whatever matches when the form comes back.
+                @for d in &shown { input type="hidden" name="shown" value=(d.id); }
+                (table(&shown, true))
+                @if !shown.is_empty() {
                 div.actions {
                     button type="submit" name="scope" value="selected" { "Replay selected" }
                     button type="submit" name="scope" value="matching" { "Replay all " (shown.len()) " matching" }
                     label.confirm { input type="checkbox" name="confirm" value="yes"; " I mean it (purge)" }
                     button.danger type="submit" formaction="/console/dead/purge" name="scope" value="selected" { "Purge selected" }
-                    button.danger type="submit" formaction="/console/dead/purge" name="scope" value="matching" { "Purge all matching" }
+                    button.danger type="submit" formaction="/console/dead/purge" name="scope" value="matching" { "Purge all " (shown.len()) " matching" }
+                }
                 }
             }
         }
@@ -164,17 +145,30 @@ pub async fn show(State(c): State<Arc<Console>>, Path(id): Path<i64>) -> Respons
     view::page(&c, "/console/dead", &format!("Dead letter #{}", d.id), false, body).into_response()
 }
 
-/// The ids and filter a replay or purge form names; `None` when it names
-/// nothing (selected scope without any box ticked).
-fn chosen(c: &Console, form: &Form) -> Option<(Selection, Filter)> {
-    let filter = Filter::from_form(form);
-    let ids: Vec<i64> = form.all("id").filter_map(|v| v.parse().ok()).collect();
-    let matching = form.get("scope") == Some("matching");
-    if !matching && ids.is_empty() {
-        return None;
+fn table(shown: &[&DeadLetter], boxes: bool) -> Markup {
+    html! {
+        table #dead-list {
+            tr { @if boxes { th { "" } } th { "id" } th { "plugin" } th { "key" } th { "reason" } th { "attempts" } th { "died" } }
+            @for d in shown {
+                tr {
+                    @if boxes { td { input type="checkbox" name="id" value=(d.id); } }
+                    td { a href=(format!("/console/dead/{}", d.id)) { "#" (d.id) } }
+                    td { (d.plugin) } td { (d.key) } td.reason { (d.reason) } td { (d.attempts) } td { (time(d.dead_at)) }
+                }
+            }
+        }
     }
-    let selection = filter.selection(if matching { Vec::new() } else { ids }, c.backends.clock.now_ms());
-    Some((selection, filter))
+}
+
+/// The dead letters a replay or purge form names: the ticked ones, or
+/// (scope `matching`) every one the page showed; `None` when that is none.
+fn chosen(form: &Form) -> Option<Selection> {
+    let field = if form.get("scope") == Some("matching") { "shown" } else { "id" };
+    let ids: Vec<i64> = form.all(field).filter_map(|v| v.parse().ok()).collect();
+    (!ids.is_empty()).then(|| Selection {
+        ids,
+        ..Selection::default()
+    })
 }
 
 fn refused(c: &Console, status: StatusCode, why: &str) -> Response {
@@ -203,9 +197,6 @@ fn done_page(c: &Console, title: &str, lines: Markup) -> Response {
 }
 
 pub async fn replay(State(c): State<Arc<Console>>, body: Bytes) -> Response {
-    let Some(form) = c.form(&body) else {
-        return csrf_refused();
-    };
     if c.read_only() {
         return refused(
             &c,
@@ -213,7 +204,10 @@ pub async fn replay(State(c): State<Arc<Console>>, body: Bytes) -> Response {
             "The console is read-only ([http] read_only = true): use `idem dlq replay`.",
         );
     }
-    let Some((selection, _)) = chosen(&c, &form) else {
+    let Some(form) = c.form(&body) else {
+        return csrf_refused();
+    };
+    let Some(selection) = chosen(&form) else {
         return refused(&c, StatusCode::BAD_REQUEST, "Nothing selected: tick the dead letters to replay.");
     };
     match crate::dlq::replay(&c.backends, &selection).await {
@@ -239,9 +233,6 @@ pub async fn replay(State(c): State<Arc<Console>>, body: Bytes) -> Response {
 }
 
 pub async fn purge(State(c): State<Arc<Console>>, body: Bytes) -> Response {
-    let Some(form) = c.form(&body) else {
-        return csrf_refused();
-    };
     if c.read_only() {
         return refused(
             &c,
@@ -249,6 +240,9 @@ pub async fn purge(State(c): State<Arc<Console>>, body: Bytes) -> Response {
             "The console is read-only ([http] read_only = true): use `idem dlq purge`.",
         );
     }
+    let Some(form) = c.form(&body) else {
+        return csrf_refused();
+    };
     if form.get("confirm") != Some("yes") {
         return refused(
             &c,
@@ -256,7 +250,7 @@ pub async fn purge(State(c): State<Arc<Console>>, body: Bytes) -> Response {
             "Not purged: tick \u{201c}I mean it\u{201d} to confirm; a purged dead letter cannot be replayed.",
         );
     }
-    let Some((selection, _)) = chosen(&c, &form) else {
+    let Some(selection) = chosen(&form) else {
         return refused(&c, StatusCode::BAD_REQUEST, "Nothing selected: tick the dead letters to purge.");
     };
     match crate::dlq::purge(&c.backends, &selection).await {

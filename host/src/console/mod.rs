@@ -10,12 +10,16 @@
 //!
 //! Guarding it:
 //! - On a loopback address it is open to the machine's users, as
-//!   `idem dlq` is. On any other address it needs `[http] token`
+//!   `idem dlq` is, for requests addressed to a loopback name only (DNS
+//!   rebinding). On any other address it needs `[http] token`
 //!   (`IDEM_HTTP_TOKEN`), given as `Authorization: Bearer TOKEN` or typed
-//!   into its login form (which sets an HttpOnly, SameSite=Strict cookie);
-//!   without a configured token it answers 403 naming the setting.
-//! - Every action (replay, purge, login) is a POST carrying the page's CSRF
-//!   token (random per process); one without it changes nothing (403).
+//!   into its login form (which sets an HttpOnly, SameSite=Strict cookie
+//!   derived from the token and a key drawn at start); without a configured
+//!   token it answers 403 naming the setting.
+//! - Every action (replay, purge, login) is a POST carrying a CSRF token
+//!   drawn at start (the login form has its own, so the actions' token is
+//!   shown only behind the token); one without it, or posted from another
+//!   origin, changes nothing (403).
 //! - `[http] read_only = true` hides replay and purge and refuses them.
 //! - URLs are shown with their credentials redacted.
 
@@ -50,9 +54,14 @@ pub struct Console {
     config: Config,
     /// The pool serving it, when it runs inside `idem run`.
     live: Option<Live>,
-    /// The form token every POST must carry.
+    /// The form token every action must carry (shown only on pages behind
+    /// the token).
     csrf: String,
-    /// The cookie value a successful login sets (derived from the token).
+    /// The login form's own form token.
+    login_csrf: String,
+    /// The cookie value a successful login sets: derived from the token
+    /// and a key drawn at start, so it is worthless to another process or
+    /// after a restart, and says nothing about the token.
     session: Option<String>,
     /// Why the console is off, if it is.
     off: Option<String>,
@@ -81,12 +90,14 @@ impl Console {
                  set [http] token (or IDEM_HTTP_TOKEN), or listen on 127.0.0.1"
             )
         });
+        let key = random_token();
         Arc::new(Console {
             backends,
             config,
             live,
             csrf: random_token(),
-            session: token.map(|t| hex::encode(Sha256::digest(format!("idem-console:{t}")))),
+            login_csrf: random_token(),
+            session: token.map(|t| hex::encode(Sha256::digest(format!("{key}:session:{t}")))),
             off,
         })
     }
@@ -129,10 +140,9 @@ impl Console {
         bearer || cookie
     }
 
-    /// Check a POSTed form's CSRF token; the parsed form if it holds.
+    /// Check a POSTed action's CSRF token; the parsed form if it holds.
     fn form(&self, body: &Bytes) -> Option<Form> {
-        let form = Form(form_urlencoded::parse(body).into_owned().collect());
-        form.get("csrf").is_some_and(|t| same(t, &self.csrf)).then_some(form)
+        Form::checked(body, &self.csrf)
     }
 }
 
@@ -149,6 +159,12 @@ fn csrf_refused() -> Response {
 pub(crate) struct Form(Vec<(String, String)>);
 
 impl Form {
+    /// The form in `body`, if its `csrf` field is `expected`.
+    fn checked(body: &Bytes, expected: &str) -> Option<Form> {
+        let form = Form(form_urlencoded::parse(body).into_owned().collect());
+        form.get("csrf").is_some_and(|t| same(t, expected)).then_some(form)
+    }
+
     fn get(&self, name: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
@@ -193,10 +209,37 @@ pub fn router(console: Arc<Console>) -> Router {
 }
 
 /// Every console answer: no framing, no sniffing, nothing loaded from
-/// elsewhere, no script but the console's own file.
+/// elsewhere, no script but the console's own file. Before that, two
+/// refusals that keep other web pages out:
+/// - without a token (a loopback console), a `Host` other than a loopback
+///   name: a page whose domain was re-pointed at 127.0.0.1 (DNS rebinding)
+///   would otherwise be same-origin with the console;
+/// - a POST whose `Origin` is not the console's own.
 async fn headers(State(c): State<Arc<Console>>, req: Request, next: Next) -> Response {
     if let Some(why) = &c.off {
         return (StatusCode::FORBIDDEN, why.clone()).into_response();
+    }
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    if c.session.is_none() && !loopback_host(&host) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!("refused: the console without a token answers only to loopback names (127.0.0.1, localhost, [::1]), not {host:?}; set [http] token to serve it under another name"),
+        )
+            .into_response();
+    }
+    if req.method() == Method::POST {
+        let origin = req.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok());
+        if let Some(origin) = origin.filter(|o| *o != "null") {
+            let same_site = origin.split_once("://").is_some_and(|(_, rest)| rest == host);
+            if !same_site {
+                return (StatusCode::FORBIDDEN, "refused: a form posted from another site").into_response();
+            }
+        }
     }
     let mut res = next.run(req).await;
     let h = res.headers_mut();
@@ -243,8 +286,8 @@ async fn login_page(State(c): State<Arc<Console>>, query: axum::extract::Query<V
     view::login(&c, safe_next(next.as_deref()), None).into_response()
 }
 
-async fn login(State(c): State<Arc<Console>>, body: Bytes) -> Response {
-    let Some(form) = c.form(&body) else {
+async fn login(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(form) = Form::checked(&body, &c.login_csrf) else {
         return csrf_refused();
     };
     let next = safe_next(form.get("next"));
@@ -254,8 +297,23 @@ async fn login(State(c): State<Arc<Console>>, body: Bytes) -> Response {
     if !form.get("token").is_some_and(|given| same(given, &token.0)) {
         return (StatusCode::UNAUTHORIZED, view::login(&c, next, Some("wrong token"))).into_response();
     }
-    let cookie = format!("{SESSION_COOKIE}={session}; Path=/console; HttpOnly; SameSite=Strict");
+    // Behind a TLS-terminating proxy, keep the cookie off plain HTTP.
+    let https = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    let secure = if https { "; Secure" } else { "" };
+    let cookie = format!("{SESSION_COOKIE}={session}; Path=/console; HttpOnly; SameSite=Strict{secure}");
     ([(header::SET_COOKIE, cookie)], Redirect::to(next)).into_response()
+}
+
+/// Is `host` (a `Host` header, port included or not) a loopback name?
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map(|(n, _)| n).unwrap_or(host),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Where a login may send the browser: console pages only.
@@ -296,6 +354,16 @@ mod tests {
         assert_eq!(safe_next(Some("/console//evil.example")), "/console");
         assert_eq!(safe_next(Some("/console/login")), "/console");
         assert_eq!(safe_next(None), "/console");
+    }
+
+    #[test]
+    fn only_loopback_names_reach_a_console_without_a_token() {
+        for ok in ["127.0.0.1:9464", "localhost", "LOCALHOST:1", "[::1]:9464", "127.0.0.2"] {
+            assert!(loopback_host(ok), "{ok}");
+        }
+        for refused in ["evil.example:9464", "10.0.0.1:9464", "", "[fe80::1]:80", "localhost.evil.example"] {
+            assert!(!loopback_host(refused), "{refused}");
+        }
     }
 
     #[test]

@@ -179,7 +179,7 @@ pub async fn messages(State(c): State<Arc<Console>>, Query(f): Query<Filter>) ->
     let (claim, journal, dead) = tokio::join!(
         within(admin.claim(plugin, key)),
         within(admin.journal(plugin, key)),
-        within(admin.dead_letters(1_000)),
+        within(admin.dead_letters(500)),
     );
     let (claim, journal, dead) = match (claim, journal, dead) {
         (Ok(a), Ok(b), Ok(d)) => (a, b, d),
@@ -230,7 +230,7 @@ pub async fn messages(State(c): State<Arc<Console>>, Query(f): Query<Filter>) ->
             }
         }
         h2 { "Dead letters" }
-        @if dead.is_empty() { p { "None (among the newest 1,000)." } } @else {
+        @if dead.is_empty() { p { "None (among the newest 500)." } } @else {
             ul #dead-letters {
                 @for d in &dead {
                     li { a href=(format!("/console/dead/{}", d.id)) { "#" (d.id) } " " (time(d.dead_at)) ": " (d.reason) }

@@ -64,7 +64,7 @@ pub fn login(c: &Console, next: &str, error: Option<&str>) -> Markup {
                     h1 { "Idem console" }
                     @if let Some(e) = error { p.error { (e) } }
                     form method="post" action="/console/login" {
-                        input type="hidden" name="csrf" value=(c.csrf);
+                        input type="hidden" name="csrf" value=(c.login_csrf);
                         input type="hidden" name="next" value=(next);
                         label { "Token " input type="password" name="token" autofocus; }
                         button type="submit" { "Log in" }
