@@ -181,15 +181,22 @@ impl SqsBroker {
     /// to a call, the calls at once. Handles SQS no longer accepts are
     /// fenced-out deliveries, skipped.
     async fn change_visibility(&self, handles: &[&str], secs: i32, what: &str) -> Result<(), BrokerError> {
+        let entries: Vec<(&str, i32)> = handles.iter().map(|h| (*h, secs)).collect();
+        self.set_visibility(&entries, what).await
+    }
+
+    /// Set each delivery's visibility (handle, seconds), ten to a call, the
+    /// calls at once; handles SQS no longer accepts are skipped.
+    async fn set_visibility(&self, handles: &[(&str, i32)], what: &str) -> Result<(), BrokerError> {
         try_join_all(handles.chunks(BATCH).map(|chunk| async move {
             let entries = chunk
                 .iter()
                 .enumerate()
-                .map(|(i, h)| {
+                .map(|(i, (h, secs))| {
                     ChangeMessageVisibilityBatchRequestEntry::builder()
                         .id(i.to_string())
                         .receipt_handle(*h)
-                        .visibility_timeout(secs)
+                        .visibility_timeout(*secs)
                         .build()
                         .expect("id and handle are set")
                 })
@@ -384,11 +391,11 @@ impl Broker for SqsBroker {
                 }
             }
         }
-        for (handle, secs) in defer {
-            // Unanswered failures only mean an early meeting again.
-            if let Err(e) = self.change_visibility(&[&handle], secs, "cannot hold back a delayed message").await {
-                tracing::debug!(error = %e, "a delayed message comes back when its visibility ends");
-            }
+        // Held back in batches; unanswered failures only mean an early
+        // meeting again.
+        let defer: Vec<(&str, i32)> = defer.iter().map(|(h, secs)| (h.as_str(), *secs)).collect();
+        if let Err(e) = self.set_visibility(&defer, "cannot hold back delayed messages").await {
+            tracing::debug!(error = %e, "delayed messages come back when their visibility ends");
         }
         let release: Vec<&str> = release.iter().map(String::as_str).collect();
         if let Err(e) = self
