@@ -63,13 +63,15 @@ async fn inspection_conformance(b: &Backends) {
         ),
         (ClaimState::Running, 1, 1, Some("w1"), "run-early")
     );
-    assert_eq!(
-        (running.lease_until, running.updated_at, running.created_at),
-        (now + 600, now - 400, now - 400)
-    );
+    // Times as the store recorded them (a store may move a time by a
+    // millisecond or two to keep its clock monotonic).
+    assert_eq!(running.lease_until - running.updated_at, 1_000);
+    assert_eq!(running.created_at, running.updated_at);
+    assert!((running.updated_at - (now - 400)).abs() <= 5, "{running:?}");
     assert_eq!(running.plugin_version.as_deref(), Some("v1"));
     let retry = admin.claim("p", "retry").await.unwrap().expect("a claim");
-    assert_eq!((retry.state, retry.not_before, retry.owner), (ClaimState::Retry, now + 5_000, None));
+    assert_eq!((retry.state, retry.owner.as_deref()), (ClaimState::Retry, None));
+    assert!((retry.not_before - (now + 5_000)).abs() <= 5, "{retry:?}");
     assert_eq!(retry.last_error.as_deref(), Some("api said 503"));
     assert_eq!(admin.claim("p", "done").await.unwrap().unwrap().state, ClaimState::Done);
 
