@@ -130,6 +130,22 @@ pub fn spawn_idem_run(config: &std::path::Path, log: &std::path::Path) -> std::p
         .expect("spawn idem run")
 }
 
+/// Run the `idem` binary with `--config config` after `args`; (success,
+/// stdout, stderr).
+pub fn idem(config: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A message.
 pub fn envelope(id: &str, handler: &str, payload: serde_json::Value) -> Envelope {
     Envelope {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
-use crate::common::{wait_for, wait_until, Env};
+use crate::common::{idem, wait_for, wait_until, Env};
 
 /// A chromedriver process and a headless Chromium session on it.
 struct Browser {
@@ -55,28 +55,22 @@ impl Browser {
         Browser { client, driver, shots }
     }
 
-    async fn text(&self, css: &str) -> String {
+    /// The element `css` selects, once the page has it.
+    async fn element(&self, css: &str) -> fantoccini::elements::Element {
         self.client
             .wait()
             .at_most(Duration::from_secs(20))
             .for_element(Locator::Css(css))
             .await
             .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
-            .text()
-            .await
-            .unwrap()
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.element(css).await.text().await.unwrap()
     }
 
     async fn click(&self, css: &str) {
-        self.client
-            .wait()
-            .at_most(Duration::from_secs(20))
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
-            .click()
-            .await
-            .unwrap();
+        self.element(css).await.click().await.unwrap();
     }
 
     async fn shot(&self, name: &str) {
@@ -94,21 +88,6 @@ impl Browser {
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Run `idem` on a config; (success, stdout, stderr).
-fn idem(config: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn json_of(config: &Path, args: &[&str]) -> Value {

@@ -449,21 +449,6 @@ async fn sigterm_mid_run_releases_what_outlives_the_grace_period_and_loses_nothi
     assert!(second.wait_exit().await.success());
 }
 
-/// Run `idem` with a config file; (success, stdout, stderr).
-fn idem(config: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Dead-letter a payment whose API keeps failing, replay it once the API
 /// works, and purge a poison message, on the given claim store.
 async fn dead_letter_round_trip(mut env: Env, tag: &str) {
