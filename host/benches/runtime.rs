@@ -79,6 +79,7 @@ fn execution(payload: Vec<u8>, headers: Vec<(String, String)>) -> Execution {
         attempt: 1,
         claim: None,
         interrupt: Arc::new(AtomicBool::new(false)),
+        writes: Default::default(),
     }
 }
 

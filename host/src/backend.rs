@@ -313,12 +313,8 @@ pub async fn open(config: &Config) -> Result<Backends> {
         }
         StoreKind::Redis => anyhow::bail!("data.kind = \"redis\" is not supported"),
     };
-    // Postgres commits concurrent handlers' upserts together.
-    let data: Arc<dyn DataStore> = if config.data.kind == StoreKind::Postgres {
-        Arc::new(crate::store::batch::GroupCommit::new(data))
-    } else {
-        data
-    };
+    // Concurrent handlers' writes commit together.
+    let data: Arc<dyn DataStore> = Arc::new(crate::store::batch::GroupCommit::new(data));
     // With tokens, every fence the claim store hands out or retires is
     // passed on to the data store.
     let claims: Arc<dyn ClaimStore> = if tokens {

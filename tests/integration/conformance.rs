@@ -7,7 +7,7 @@ use idem_host::backend::Backends;
 use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, DeadLetterRequest};
 use idem_host::config::{Config, StoreConfig, StoreKind};
 use idem_host::envelope::payload_hash;
-use idem_host::store::{DataError, Inserted, Upsert};
+use idem_host::store::{DataError, Inserted};
 
 pub async fn sqlite() -> (tempfile::TempDir, Backends) {
     let dir = tempfile::tempdir().unwrap();
@@ -352,10 +352,14 @@ pub async fn data_store_conformance(b: &Backends) {
     assert_eq!(d.scan(evil).await.unwrap(), vec![(evil.to_string(), b"v".to_vec())]);
 }
 
-/// A group-committed batch checks each item's fence on its own, applies
-/// writes to the same row in arrival order, and one item the database
-/// refuses fails only that item.
-pub async fn batched_upserts_conformance(b: &Backends) {
+/// A group-committed batch checks each item's fence on its own; writes to
+/// one row land as if the items had run in order; two insert-uniques of
+/// one free key in one batch: the first inserts, the second sees its
+/// value; of two deletes of one row, the first finds it. Where the database
+/// refuses an item (`refuses_nul`: Postgres text cannot hold a NUL byte),
+/// only that item fails and the others give the same answers.
+pub async fn batched_writes_conformance(b: &Backends, refuses_nul: bool) {
+    use idem_host::store::{Write, WriteOp, Written};
     let payload = b"{}";
     let hash = payload_hash(payload);
     let t0 = 1_000_000;
@@ -371,38 +375,99 @@ pub async fn batched_upserts_conformance(b: &Backends) {
         key: key.into(),
         fence,
     };
-    let item = |c: ClaimRef, key: &str, value: &[u8]| Upsert {
+    b.data.upsert(None, "batch", "gone", b"old").await.unwrap();
+    let item = |c: ClaimRef, key: &str, op: WriteOp| Write {
         claim: c,
         collection: "batch".into(),
         key: key.into(),
-        value: value.to_vec(),
+        op,
     };
-    let results = b
-        .data
-        .upsert_many(&[
-            item(claim("b1", 1), "x", b"first"),
-            item(claim("b2", 1), "y", b"stale"),
-            item(claim("b2", 2), "y", b"fresh"),
-            item(claim("b1", 1), "x", b"second"),
-            // A NUL byte Postgres text refuses: the statement fails and the
-            // batch is written item by item (the statement itself is tested
-            // in `the_group_commit_statement_checks_each_item`).
-            item(claim("b1", 1), "bad\0key", b"a NUL byte Postgres text refuses"),
-        ])
-        .await;
-    assert_eq!(results.len(), 5);
-    assert!(results[0].is_ok() && results[2].is_ok() && results[3].is_ok(), "{results:?}");
-    assert!(matches!(results[1], Err(DataError::FenceLost { .. })), "{results:?}");
-    assert!(matches!(results[4], Err(DataError::Unavailable(_))), "{results:?}");
+    let up = |v: &[u8]| WriteOp::Upsert(v.to_vec());
+    let ins = |v: &[u8]| WriteOp::InsertUnique(v.to_vec());
+    let mut items = vec![
+        item(claim("b1", 1), "x", up(b"first")),
+        item(claim("b2", 1), "y", up(b"stale")),
+        item(claim("b2", 2), "y", up(b"fresh")),
+        item(claim("b1", 1), "x", up(b"second")),
+        item(claim("b1", 1), "u", ins(b"one")),
+        item(claim("b2", 2), "u", ins(b"two")),
+        item(claim("b2", 2), "x", ins(b"late")),
+        item(claim("b2", 1), "z", ins(b"stale")),
+        item(claim("b1", 1), "gone", WriteOp::Delete),
+        item(claim("b2", 2), "gone", WriteOp::Delete),
+        item(claim("b2", 2), "never", WriteOp::Delete),
+        item(claim("b2", 1), "x", WriteOp::Delete),
+    ];
+    if refuses_nul {
+        // The batch's transaction fails as a whole and is written item by
+        // item (the statements themselves are tested in
+        // `the_group_commit_statements_check_each_item`).
+        items.push(item(claim("b1", 1), "bad\0key", up(b"a NUL byte Postgres text refuses")));
+    }
+    let results = b.data.write_many(&items).await;
+    assert_eq!(results.len(), items.len());
+    let lost = |r: &Result<Written, DataError>| matches!(r, Err(DataError::FenceLost { .. }));
+    let ok = |r: &Result<Written, DataError>| r.as_ref().ok().cloned();
+    assert_eq!(ok(&results[0]), Some(Written::Upserted), "{results:?}");
+    assert!(lost(&results[1]) && lost(&results[7]) && lost(&results[11]), "stale fences: {results:?}");
+    assert_eq!(ok(&results[2]), Some(Written::Upserted));
+    assert_eq!(ok(&results[3]), Some(Written::Upserted));
+    assert_eq!(ok(&results[4]), Some(Written::Inserted(Inserted::Inserted)), "{results:?}");
     assert_eq!(
-        b.data.get("batch", "x").await.unwrap().as_deref(),
-        Some(&b"second"[..]),
-        "the later write wins"
+        ok(&results[5]),
+        Some(Written::Inserted(Inserted::Existed(b"one".to_vec()))),
+        "the second insert of one key in a batch sees the first's value: {results:?}"
     );
     assert_eq!(
-        b.data.get("batch", "y").await.unwrap().as_deref(),
-        Some(&b"fresh"[..]),
-        "the stale write is refused"
+        ok(&results[6]),
+        Some(Written::Inserted(Inserted::Existed(b"second".to_vec()))),
+        "{results:?}"
+    );
+    assert_eq!(ok(&results[8]), Some(Written::Deleted(true)), "{results:?}");
+    assert_eq!(ok(&results[9]), Some(Written::Deleted(false)), "{results:?}");
+    assert_eq!(ok(&results[10]), Some(Written::Deleted(false)), "{results:?}");
+    if refuses_nul {
+        assert!(matches!(results[12], Err(DataError::Unavailable(_))), "{results:?}");
+    }
+    let get = |key: &'static str| {
+        let data = b.data.clone();
+        async move { data.get("batch", key).await.unwrap() }
+    };
+    assert_eq!(get("x").await.as_deref(), Some(&b"second"[..]), "the later write wins");
+    assert_eq!(get("y").await.as_deref(), Some(&b"fresh"[..]), "the stale write is refused");
+    assert_eq!(get("u").await.as_deref(), Some(&b"one"[..]));
+    assert_eq!(get("z").await, None, "a stale insert writes nothing");
+    assert_eq!(get("gone").await, None);
+
+    // Write-behind: writes of one key queued one after another commit in
+    // that order, and a get waits for the ones still queued.
+    let mut queued = Vec::new();
+    for i in 0..50 {
+        queued.push(b.data.queue(item(claim("b1", 1), "seq", up(format!("v{i}").as_bytes()))).await);
+    }
+    assert_eq!(get("seq").await.as_deref(), Some(&b"v49"[..]), "the get saw every queued write");
+    for q in queued {
+        assert_eq!(q.wait().await.unwrap(), Written::Upserted);
+    }
+
+    // Through the group commit: racing insert-uniques of one key, each with
+    // its own answer; exactly one inserts and every other sees its value.
+    let racers: Vec<_> = (0..20)
+        .map(|i| {
+            let data = b.data.clone();
+            let c = claim(if i % 2 == 0 { "b1" } else { "b2" }, if i % 2 == 0 { 1 } else { 2 });
+            tokio::spawn(async move { data.insert_unique(Some(&c), "batch", "race", format!("v{i}").as_bytes()).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for r in racers {
+        answers.push(r.await.unwrap().unwrap());
+    }
+    let stored = get("race").await.expect("one insert won");
+    assert_eq!(answers.iter().filter(|a| **a == Inserted::Inserted).count(), 1, "{answers:?}");
+    assert!(
+        answers.iter().all(|a| *a == Inserted::Inserted || *a == Inserted::Existed(stored.clone())),
+        "every loser sees the winner's value: {answers:?}"
     );
 
     // Through the group commit: concurrent upserts, each with its own answer.
@@ -435,6 +500,7 @@ async fn sqlite_claim_store_conforms() {
 async fn sqlite_data_store_conforms() {
     let (_dir, b) = sqlite().await;
     data_store_conformance(&b).await;
+    batched_writes_conformance(&b, false).await;
 }
 
 /// Backends on the real servers, in a namespace of their own (a Postgres
@@ -530,16 +596,16 @@ async fn postgres_data_store_with_fencing_tokens_conforms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_batched_upserts_check_fences_per_item() {
+async fn postgres_batched_writes_check_fences_per_item() {
     let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
-    batched_upserts_conformance(&s.backends).await;
+    batched_writes_conformance(&s.backends, true).await;
     s.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_batched_upserts_with_fencing_tokens_check_fences_per_item() {
+async fn postgres_batched_writes_with_fencing_tokens_check_fences_per_item() {
     let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
-    batched_upserts_conformance(&s.backends).await;
+    batched_writes_conformance(&s.backends, true).await;
     s.cleanup().await;
 }
 
@@ -571,12 +637,14 @@ async fn postgres_and_redis_claims_are_exclusive_under_concurrency() {
     }
 }
 
-/// The group-commit statement itself, not its item-by-item fallback: the
-/// same row twice, a stale fence and a current one, in one statement, with
-/// both ways of fencing (claim row, tokens).
+/// The group-commit statements themselves, not their item-by-item
+/// fallback, with both ways of fencing (claim row, tokens): a batch of
+/// upserts (the same row twice, a stale fence and a current one) in one
+/// statement, and a batch of every kind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_group_commit_statement_checks_each_item() {
+async fn the_group_commit_statements_check_each_item() {
     use idem_host::store::postgres::{Fencing, PgData};
+    use idem_host::store::{Write, WriteOp, Written};
     for (claims_kind, fencing) in [(StoreKind::Postgres, Fencing::ClaimRow), (StoreKind::Redis, Fencing::Token)] {
         let s = Served::open(claims_kind, StoreKind::Postgres).await;
         let payload = b"{}";
@@ -597,7 +665,7 @@ async fn the_group_commit_statement_checks_each_item() {
             .await
             .unwrap();
         let data = PgData::new(pool, fencing);
-        let item = |key: &str, fence: i64, row: &str, value: &[u8]| Upsert {
+        let item = |key: &str, fence: i64, row: &str, op: WriteOp| Write {
             claim: ClaimRef {
                 plugin: "p".into(),
                 key: key.into(),
@@ -605,14 +673,17 @@ async fn the_group_commit_statement_checks_each_item() {
             },
             collection: "stmt".into(),
             key: row.into(),
-            value: value.to_vec(),
+            op,
         };
+        let up = |v: &[u8]| WriteOp::Upsert(v.to_vec());
+        let ins = |v: &[u8]| WriteOp::InsertUnique(v.to_vec());
+        // Upserts only: one statement.
         let results = data
-            .upsert_batch(&[
-                item("s1", 1, "same", b"first"),
-                item("s2", 1, "other", b"stale"),
-                item("s2", 2, "other", b"current"),
-                item("s1", 1, "same", b"second"),
+            .write_batch(&[
+                item("s1", 1, "same", up(b"first")),
+                item("s2", 1, "other", up(b"stale")),
+                item("s2", 2, "other", up(b"current")),
+                item("s1", 1, "same", up(b"second")),
             ])
             .await
             .unwrap_or_else(|e| panic!("{fencing:?}: the statement itself must not fail: {e}"));
@@ -632,6 +703,41 @@ async fn the_group_commit_statement_checks_each_item() {
             Some(&b"current"[..]),
             "{fencing:?}: the stale write is refused"
         );
+        // Every kind: the fence statement, then one statement per kind.
+        let results = data
+            .write_batch(&[
+                item("s1", 1, "fresh", ins(b"a")),
+                item("s2", 2, "fresh", ins(b"b")),
+                item("s2", 2, "same", ins(b"c")),
+                item("s2", 1, "new", ins(b"stale")),
+                item("s1", 1, "other", WriteOp::Delete),
+                item("s2", 2, "other", WriteOp::Delete),
+                item("s2", 1, "same", WriteOp::Delete),
+                item("s2", 2, "up", up(b"u")),
+            ])
+            .await
+            .unwrap_or_else(|e| panic!("{fencing:?}: the statements themselves must not fail: {e}"));
+        let answers: Vec<Option<Written>> = results.iter().map(|r| r.as_ref().ok().cloned()).collect();
+        assert_eq!(
+            answers,
+            vec![
+                Some(Written::Inserted(Inserted::Inserted)),
+                Some(Written::Inserted(Inserted::Existed(b"a".to_vec()))),
+                Some(Written::Inserted(Inserted::Existed(b"second".to_vec()))),
+                None,
+                Some(Written::Deleted(true)),
+                Some(Written::Deleted(false)),
+                None,
+                Some(Written::Upserted),
+            ],
+            "{fencing:?}: {results:?}"
+        );
+        assert!(matches!(results[3], Err(DataError::FenceLost { .. })) && matches!(results[6], Err(DataError::FenceLost { .. })));
+        assert_eq!(get("fresh").await.as_deref(), Some(&b"a"[..]));
+        assert_eq!(get("new").await, None);
+        assert_eq!(get("other").await, None);
+        assert_eq!(get("same").await.as_deref(), Some(&b"second"[..]), "{fencing:?}: a stale delete deletes nothing");
+        assert_eq!(get("up").await.as_deref(), Some(&b"u"[..]));
         s.cleanup().await;
     }
 }

@@ -26,3 +26,4 @@ mod operating;
 mod outage;
 mod pool;
 mod sandbox;
+mod write_behind;

@@ -21,6 +21,7 @@ mod legacy;
 mod log;
 pub mod meter;
 mod store;
+pub mod writes;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -50,6 +51,10 @@ pub enum HostAbort {
     /// Fault injection (the demo's simulated crashes).
     #[error("simulated worker crash")]
     SimulatedCrash,
+    /// A write queued earlier in the execution (write-behind) failed; the
+    /// handler was told it was queued, so it cannot go on.
+    #[error("a store write queued earlier failed: {0}")]
+    WriteFailed(String),
 }
 
 /// Shared by every execution of a pool.
@@ -81,6 +86,9 @@ pub struct Execution {
     /// Set by the heartbeat when the claim was taken over: the instance is
     /// interrupted at its next epoch check.
     pub interrupt: Arc<AtomicBool>,
+    /// Its writes queued for the group commit and not yet committed
+    /// (write-behind); settling waits for them.
+    pub writes: Arc<writes::Writes>,
 }
 
 impl Execution {

@@ -4,7 +4,7 @@
 use super::{too_large, ExecutionCaps, HostAbort};
 use crate::bindings::idem::handler::store::{self as wit_store, StoreError};
 use crate::stats::Counters;
-use crate::store::{DataError, Inserted};
+use crate::store::{DataError, Inserted, Write, WriteOp};
 
 /// A guest-visible answer, or the reason the host stops the execution.
 pub type Checked<T> = Result<Result<T, StoreError>, HostAbort>;
@@ -23,6 +23,17 @@ impl ExecutionCaps {
         }
     }
 
+    /// Wait for this execution's queued writes of a key before touching
+    /// it again; one that failed stops the execution (the handler was told
+    /// it had been queued).
+    async fn after_queued(&mut self, collection: &str, key: &str) -> Result<(), HostAbort> {
+        match self.exec.writes.wait_for(collection, key).await {
+            Ok(()) => Ok(()),
+            Err(e @ DataError::FenceLost { .. }) => self.data_error(e).map(|_| ()),
+            Err(DataError::Unavailable(m)) => Err(self.stop(HostAbort::WriteFailed(m))),
+        }
+    }
+
     fn check_write(&self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
         if let Some(m) = self.collection_denied(collection) {
             return Err(StoreError::AccessDenied(m));
@@ -38,6 +49,7 @@ impl ExecutionCaps {
         if let Err(e) = self.check_write(collection, key, value) {
             return Ok(Err(e));
         }
+        self.after_queued(collection, key).await?;
         let data = self.shared.data.clone();
         match data.insert_unique(self.exec.claim.as_ref(), collection, key, value).await {
             Ok(inserted) => Ok(Ok(inserted)),
@@ -45,16 +57,29 @@ impl ExecutionCaps {
         }
     }
 
-    /// `store.upsert`, checked.
+    /// `store.upsert`, checked. Under a claim it is write-behind: queued
+    /// for the group commit and answered at once (see [`super::writes`]).
     pub async fn store_upsert(&mut self, collection: &str, key: &str, value: &[u8]) -> Checked<()> {
         if let Err(e) = self.check_write(collection, key, value) {
             return Ok(Err(e));
         }
+        self.after_queued(collection, key).await?;
         let data = self.shared.data.clone();
-        match data.upsert(self.exec.claim.as_ref(), collection, key, value).await {
-            Ok(()) => Ok(Ok(())),
-            Err(e) => self.data_error(e).map(Err),
-        }
+        let Some(claim) = self.exec.claim.clone() else {
+            return match data.upsert(None, collection, key, value).await {
+                Ok(()) => Ok(Ok(())),
+                Err(e) => self.data_error(e).map(Err),
+            };
+        };
+        let write = Write {
+            claim,
+            collection: collection.to_string(),
+            key: key.to_string(),
+            op: WriteOp::Upsert(value.to_vec()),
+        };
+        let queued = data.queue(write).await;
+        self.exec.writes.push(collection, key, queued);
+        Ok(Ok(()))
     }
 
     /// `store.get`, checked.
@@ -62,6 +87,7 @@ impl ExecutionCaps {
         if let Some(m) = self.collection_denied(collection) {
             return Ok(Err(StoreError::AccessDenied(m)));
         }
+        self.after_queued(collection, key).await?;
         let data = self.shared.data.clone();
         match data.get(collection, key).await {
             Ok(v) => Ok(Ok(v)),
@@ -74,6 +100,7 @@ impl ExecutionCaps {
         if let Some(m) = self.collection_denied(collection) {
             return Ok(Err(StoreError::AccessDenied(m)));
         }
+        self.after_queued(collection, key).await?;
         let data = self.shared.data.clone();
         match data.delete(self.exec.claim.as_ref(), collection, key).await {
             Ok(existed) => Ok(Ok(existed)),

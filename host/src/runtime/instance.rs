@@ -268,6 +268,8 @@ fn classify_trap(err: wasmtime::Error, state: &HostState, stderr: &MemoryOutputP
     match abort {
         Some(HostAbort::FenceLost) => return Outcome::FenceLost,
         Some(HostAbort::SimulatedCrash) => return Outcome::Crashed,
+        // Not the plugin's fault: retried without counting a trap.
+        Some(failed @ HostAbort::WriteFailed(_)) => return Outcome::Transient(failed.to_string()),
         Some(other) => return Outcome::Trapped(other.to_string()),
         None => {}
     }

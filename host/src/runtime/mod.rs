@@ -359,8 +359,19 @@ impl Runtime {
         names
     }
 
-    /// Run one message through a plugin in a fresh store.
+    /// Run one message through a plugin in a fresh store, and wait for the
+    /// writes it queued: the outcome is final.
     pub async fn execute(&self, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
+        let writes = exec.writes.clone();
+        let outcome = self.run(caps, plugin, exec).await;
+        writes.settle(outcome).await
+    }
+
+    /// Run one message through a plugin in a fresh store, returning when
+    /// the handler does: writes it queued may still be committing, and
+    /// the outcome is final only after `exec.writes.settle` (the worker
+    /// frees the handler slot in between).
+    pub async fn run(&self, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
         match &plugin.code {
             Code::Wasm(pre, footprint) => {
                 // Wait for room in the pool rather than fail to instantiate.

@@ -62,8 +62,10 @@ pub(super) async fn execute(handler: &dyn NativeHandler, shared: &Arc<Capabiliti
         Ok(r) => r,
         Err(_) => return Outcome::Trapped(format!("timeout: ran longer than limits.timeout_ms = {}", plugin.limits.timeout_ms)),
     };
-    if ctx.caps.abort() == Some(&HostAbort::FenceLost) {
-        return Outcome::FenceLost;
+    match ctx.caps.abort() {
+        Some(HostAbort::FenceLost) => return Outcome::FenceLost,
+        Some(failed @ HostAbort::WriteFailed(_)) => return Outcome::Transient(failed.to_string()),
+        _ => {}
     }
     match result {
         Ok(()) => Outcome::Done(None),

@@ -1,24 +1,29 @@
-//! Group commit: upserts from concurrently running handlers share one
-//! statement and one transaction.
+//! Group commit: the writes of concurrently running handlers share one
+//! transaction.
 //!
-//! A handler's `upsert` goes into a queue. One task takes everything queued
-//! (up to [`MAX_BATCH`]) as a batch and hands it to the store's
-//! [`DataStore::upsert_many`], with at most [`IN_FLIGHT`] batches committing
-//! at once. Under light load a batch is a single upsert and waits for
-//! nothing; under load the calls that arrive while earlier batches commit
-//! form the next one, so the store pays one commit per batch instead of one
-//! per message. Each caller gets its own result: fences are still checked
-//! per item. Everything else goes straight to the store.
+//! A handler's guarded `upsert`, `insert-unique` or `delete` goes into a
+//! queue. One task takes everything queued (up to [`MAX_BATCH`]) as a
+//! batch and hands it to the store's [`DataStore::write_many`], with at
+//! most [`IN_FLIGHT`] batches committing at once. Under light load a batch
+//! is a single write and waits for nothing; under load the writes that
+//! arrive while earlier batches commit form the next one, so the store
+//! pays one commit per batch instead of one per write. Each caller gets its
+//! own result: fences are still checked per item. [`DataStore::queue`]
+//! returns as soon as the write is queued, which is what lets an upsert
+//! return to the handler before it commits (write-behind, see
+//! `capabilities::writes`). Reads and unguarded writes go straight to the
+//! store.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
-use super::{DataError, DataStore, Inserted, Upsert};
+use super::{DataError, DataStore, Inserted, Queued, Write, WriteOp, Written};
 use crate::claim::ClaimRef;
 
-/// Most upserts in one batch.
+/// Most writes in one batch.
 pub const MAX_BATCH: usize = 256;
 
 /// Batches committing at once. Measured with `idem bench` scenario b at
@@ -27,14 +32,104 @@ pub const MAX_BATCH: usize = 256;
 pub const IN_FLIGHT: usize = 2;
 
 struct Pending {
-    upsert: Upsert,
-    reply: oneshot::Sender<Result<(), DataError>>,
+    write: Write,
+    reply: oneshot::Sender<Result<Written, DataError>>,
 }
 
-/// A data store whose guarded upserts are group-committed.
+/// The keys with writes queued or committing. A key's writes commit in
+/// the order they were queued: a write of a key that a batch in flight is
+/// committing waits for the next batch. A `get` of a key with writes
+/// queued waits for them, so what one execution wrote (and was told was
+/// queued) is what the next one reads, as when every write committed
+/// before its handler went on.
+#[derive(Default)]
+struct Keys {
+    counts: Mutex<HashMap<(String, String), Count>>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct Count {
+    queued: usize,
+    committing: usize,
+}
+
+type Key = (String, String);
+
+fn key_of(w: &Write) -> Key {
+    (w.collection.clone(), w.key.clone())
+}
+
+impl Keys {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Count>> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn queued(&self, w: &Write) {
+        self.lock().entry(key_of(w)).or_default().queued += 1;
+    }
+
+    /// Take from `waiting`, in order, up to `max` writes whose key no batch
+    /// in flight is committing; they are committing from now on.
+    fn take_ready(&self, waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
+        let mut counts = self.lock();
+        let mut batch = Vec::new();
+        let mut held = VecDeque::new();
+        let mut blocked: HashSet<Key> = HashSet::new();
+        while let Some(p) = waiting.pop_front() {
+            let key = key_of(&p.write);
+            let busy = counts.get(&key).is_some_and(|c| c.committing > 0);
+            if batch.len() >= max || busy || blocked.contains(&key) {
+                blocked.insert(key);
+                held.push_back(p);
+            } else {
+                batch.push(p);
+            }
+        }
+        for p in &batch {
+            counts.entry(key_of(&p.write)).or_default().committing += 1;
+        }
+        *waiting = held;
+        batch
+    }
+
+    /// A batch's writes are answered.
+    fn done(&self, items: &[Write]) {
+        let mut counts = self.lock();
+        for w in items {
+            let key = key_of(w);
+            if let Some(c) = counts.get_mut(&key) {
+                c.queued -= 1;
+                c.committing -= 1;
+                if c.queued == 0 {
+                    counts.remove(&key);
+                }
+            }
+        }
+        drop(counts);
+        self.changed.notify_waiters();
+    }
+
+    /// Wait until no write of the key is queued.
+    async fn settled(&self, collection: &str, key: &str) {
+        let key = (collection.to_string(), key.to_string());
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.lock().contains_key(&key) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// A data store whose guarded writes are group-committed.
 pub struct GroupCommit {
     inner: Arc<dyn DataStore>,
     queue: mpsc::UnboundedSender<Pending>,
+    keys: Arc<Keys>,
 }
 
 impl GroupCommit {
@@ -42,24 +137,64 @@ impl GroupCommit {
     /// until the wrapper is dropped.
     pub fn new(inner: Arc<dyn DataStore>) -> Self {
         let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(gather(inner.clone(), rx));
-        GroupCommit { inner, queue }
+        let keys = Arc::new(Keys::default());
+        tokio::spawn(gather(inner.clone(), keys.clone(), rx));
+        GroupCommit { inner, queue, keys }
+    }
+
+    /// Queue a guarded write and wait for it.
+    async fn guarded(&self, claim: &ClaimRef, collection: &str, key: &str, op: WriteOp) -> Result<Written, DataError> {
+        let write = Write {
+            claim: claim.clone(),
+            collection: collection.to_string(),
+            key: key.to_string(),
+            op,
+        };
+        self.queue(write).await.wait().await
     }
 }
 
-async fn gather(store: Arc<dyn DataStore>, mut rx: mpsc::UnboundedReceiver<Pending>) {
+async fn gather(store: Arc<dyn DataStore>, keys: Arc<Keys>, mut rx: mpsc::UnboundedReceiver<Pending>) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut waiting: VecDeque<Pending> = VecDeque::new();
+    let mut incoming = Vec::with_capacity(MAX_BATCH);
+    let mut open = true;
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            return;
-        }
-        let pending = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+        let batch = loop {
+            let changed = keys.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if waiting.is_empty() {
+                if !open || rx.recv_many(&mut incoming, MAX_BATCH).await == 0 {
+                    return;
+                }
+            } else if open {
+                while incoming.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(p) => incoming.push(p),
+                        Err(_) => break,
+                    }
+                }
+            }
+            waiting.extend(incoming.drain(..));
+            let batch = keys.take_ready(&mut waiting, MAX_BATCH);
+            if !batch.is_empty() {
+                break batch;
+            }
+            // Everything waiting writes keys a batch in flight commits:
+            // wait for it to finish, or for more to arrive.
+            tokio::select! {
+                _ = changed => {}
+                n = rx.recv_many(&mut incoming, MAX_BATCH), if open => open = n > 0,
+            }
+        };
         let store = store.clone();
+        let keys = keys.clone();
         tokio::spawn(async move {
-            let (items, replies): (Vec<Upsert>, Vec<_>) = pending.into_iter().map(|p| (p.upsert, p.reply)).unzip();
-            let results = store.upsert_many(&items).await;
+            let (items, replies): (Vec<Write>, Vec<_>) = batch.into_iter().map(|p| (p.write, p.reply)).unzip();
+            let results = store.write_many(&items).await;
+            keys.done(&items);
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
@@ -68,40 +203,46 @@ async fn gather(store: Arc<dyn DataStore>, mut rx: mpsc::UnboundedReceiver<Pendi
     }
 }
 
+/// The answer a write of `op` expects, or the store's own error.
+fn expect<T>(written: Result<Written, DataError>, pick: fn(Written) -> Option<T>) -> Result<T, DataError> {
+    written.and_then(|w| pick(w).ok_or_else(|| DataError::Unavailable("the store answered a write with another kind's result".into())))
+}
+
 #[async_trait]
 impl DataStore for GroupCommit {
     async fn insert_unique(&self, claim: Option<&ClaimRef>, collection: &str, key: &str, value: &[u8]) -> Result<Inserted, DataError> {
-        self.inner.insert_unique(claim, collection, key, value).await
+        let Some(claim) = claim else {
+            return self.inner.insert_unique(None, collection, key, value).await;
+        };
+        let w = self.guarded(claim, collection, key, WriteOp::InsertUnique(value.to_vec())).await;
+        expect(w, |w| match w {
+            Written::Inserted(i) => Some(i),
+            _ => None,
+        })
     }
 
     async fn upsert(&self, claim: Option<&ClaimRef>, collection: &str, key: &str, value: &[u8]) -> Result<(), DataError> {
         let Some(claim) = claim else {
             return self.inner.upsert(None, collection, key, value).await;
         };
-        let (reply, answer) = oneshot::channel();
-        let pending = Pending {
-            upsert: Upsert {
-                claim: claim.clone(),
-                collection: collection.to_string(),
-                key: key.to_string(),
-                value: value.to_vec(),
-            },
-            reply,
-        };
-        if self.queue.send(pending).is_err() {
-            return self.inner.upsert(Some(claim), collection, key, value).await;
-        }
-        answer
-            .await
-            .unwrap_or_else(|_| Err(DataError::Unavailable("the group-commit task stopped".into())))
+        let w = self.guarded(claim, collection, key, WriteOp::Upsert(value.to_vec())).await;
+        expect(w, |w| matches!(w, Written::Upserted).then_some(()))
     }
 
     async fn get(&self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, DataError> {
+        self.keys.settled(collection, key).await;
         self.inner.get(collection, key).await
     }
 
     async fn delete(&self, claim: Option<&ClaimRef>, collection: &str, key: &str) -> Result<bool, DataError> {
-        self.inner.delete(claim, collection, key).await
+        let Some(claim) = claim else {
+            return self.inner.delete(None, collection, key).await;
+        };
+        let w = self.guarded(claim, collection, key, WriteOp::Delete).await;
+        expect(w, |w| match w {
+            Written::Deleted(existed) => Some(existed),
+            _ => None,
+        })
     }
 
     async fn advance_fence(&self, claim: &ClaimRef) -> Result<(), DataError> {
@@ -112,8 +253,25 @@ impl DataStore for GroupCommit {
         self.inner.forget_fences(claims).await
     }
 
-    async fn upsert_many(&self, items: &[Upsert]) -> Vec<Result<(), DataError>> {
-        self.inner.upsert_many(items).await
+    async fn queue(&self, write: Write) -> Queued {
+        let (reply, answer) = oneshot::channel();
+        self.keys.queued(&write);
+        match self.queue.send(Pending { write, reply }) {
+            Ok(()) => Queued::waiting(answer),
+            // The batching task is gone (the runtime is shutting down):
+            // write it directly.
+            Err(unsent) => {
+                let write = unsent.0.write;
+                let result = self.inner.write_one(&write).await;
+                self.keys.lock().entry(key_of(&write)).or_default().committing += 1;
+                self.keys.done(std::slice::from_ref(&write));
+                Queued::done(result)
+            }
+        }
+    }
+
+    async fn write_many(&self, items: &[Write]) -> Vec<Result<Written, DataError>> {
+        self.inner.write_many(items).await
     }
 
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {

@@ -43,17 +43,81 @@ impl From<sqlx::Error> for DataError {
     }
 }
 
-/// One upsert of a batch: a value written under a claim.
+/// What a guarded write does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Set the key to the value.
+    Upsert(Vec<u8>),
+    /// Insert unless the key exists.
+    InsertUnique(Vec<u8>),
+    /// Delete the key.
+    Delete,
+}
+
+/// What a guarded write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// The upsert committed.
+    Upserted,
+    /// The insert-unique committed, or found the key taken.
+    Inserted(Inserted),
+    /// The delete committed; whether the key existed.
+    Deleted(bool),
+}
+
+/// One write of a batch, under its claim.
 #[derive(Debug, Clone)]
-pub struct Upsert {
+pub struct Write {
     /// The claim the write presents.
     pub claim: ClaimRef,
     /// Collection.
     pub collection: String,
     /// Key in the collection.
     pub key: String,
-    /// Value.
-    pub value: Vec<u8>,
+    /// What to do.
+    pub op: WriteOp,
+}
+
+impl Write {
+    /// The refusal of this write for a stale fence.
+    pub fn fence_lost(&self) -> DataError {
+        DataError::FenceLost {
+            plugin: self.claim.plugin.clone(),
+            key: self.claim.key.clone(),
+            fence: self.claim.fence,
+        }
+    }
+}
+
+/// A write handed to the store, committing now or later; [`Queued::wait`]
+/// answers once it has committed or failed.
+pub struct Queued(QueuedState);
+
+enum QueuedState {
+    Done(Result<Written, DataError>),
+    Waiting(tokio::sync::oneshot::Receiver<Result<Written, DataError>>),
+}
+
+impl Queued {
+    /// A write that has already committed or failed.
+    pub fn done(result: Result<Written, DataError>) -> Self {
+        Queued(QueuedState::Done(result))
+    }
+
+    /// A write whose result will be sent on `rx`.
+    pub fn waiting(rx: tokio::sync::oneshot::Receiver<Result<Written, DataError>>) -> Self {
+        Queued(QueuedState::Waiting(rx))
+    }
+
+    /// Wait until the write has committed or failed.
+    pub async fn wait(self) -> Result<Written, DataError> {
+        match self.0 {
+            QueuedState::Done(r) => r,
+            QueuedState::Waiting(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(DataError::Unavailable("the group-commit task stopped".into()))),
+        }
+    }
 }
 
 /// The data store. A write with `Some(claim)` commits only if the claim's
@@ -84,17 +148,40 @@ pub trait DataStore: Send + Sync + 'static {
     async fn forget_fences(&self, _claims: &[(String, String)]) -> Result<(), DataError> {
         Ok(())
     }
-    /// Upsert many values, each under its own claim, with one result per
-    /// item in order (a stale fence fails only its own item). Stores that
-    /// can write a batch in one statement and one transaction override
-    /// this; the default writes one at a time.
-    async fn upsert_many(&self, items: &[Upsert]) -> Vec<Result<(), DataError>> {
-        let mut out = Vec::with_capacity(items.len());
-        for u in items {
-            out.push(self.upsert(Some(&u.claim), &u.collection, &u.key, &u.value).await);
+    /// Hand a guarded write to the store to commit; the answer comes when
+    /// it has. Stores that commit concurrent writes together
+    /// ([`batch::GroupCommit`]) return at once; the default commits it
+    /// before returning.
+    async fn queue(&self, write: Write) -> Queued {
+        Queued::done(self.write_one(&write).await)
+    }
+    /// One guarded write, on its own.
+    async fn write_one(&self, w: &Write) -> Result<Written, DataError> {
+        let claim = Some(&w.claim);
+        match &w.op {
+            WriteOp::Upsert(v) => self.upsert(claim, &w.collection, &w.key, v).await.map(|()| Written::Upserted),
+            WriteOp::InsertUnique(v) => self.insert_unique(claim, &w.collection, &w.key, v).await.map(Written::Inserted),
+            WriteOp::Delete => self.delete(claim, &w.collection, &w.key).await.map(Written::Deleted),
         }
-        out
+    }
+    /// Many writes, each under its own claim, with one result per item in
+    /// order (a stale fence fails only its own item). Stores that can
+    /// commit a batch in one transaction override this; the default writes
+    /// one at a time.
+    async fn write_many(&self, items: &[Write]) -> Vec<Result<Written, DataError>> {
+        write_each(self, items).await
     }
     /// Every key and value of a collection (for inspection and tests).
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError>;
+}
+
+/// Write `items` one at a time, each in its own transaction, so each error
+/// lands on its own item: the default [`DataStore::write_many`], and what
+/// a batch falls back to when its transaction failed as a whole.
+pub async fn write_each<S: DataStore + ?Sized>(store: &S, items: &[Write]) -> Vec<Result<Written, DataError>> {
+    let mut out = Vec::with_capacity(items.len());
+    for w in items {
+        out.push(store.write_one(w).await);
+    }
+    out
 }

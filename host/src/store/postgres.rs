@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use super::{DataError, DataStore, Inserted, Upsert};
+use super::{DataError, DataStore, Inserted, Write, WriteOp, Written};
 use crate::claim::ClaimRef;
 use crate::now_ms;
 
@@ -58,48 +58,156 @@ impl PgData {
     }
 }
 
+/// The columns of a batch's items at `at`, for `unnest`.
+struct Columns {
+    collections: Vec<String>,
+    keys: Vec<String>,
+    values: Vec<Vec<u8>>,
+}
+
+impl Columns {
+    fn of(items: &[Write], at: &[usize]) -> Self {
+        let value = |w: &Write| match &w.op {
+            WriteOp::Upsert(v) | WriteOp::InsertUnique(v) => v.clone(),
+            WriteOp::Delete => Vec::new(),
+        };
+        Columns {
+            collections: at.iter().map(|&i| items[i].collection.clone()).collect(),
+            keys: at.iter().map(|&i| items[i].key.clone()).collect(),
+            values: at.iter().map(|&i| value(&items[i])).collect(),
+        }
+    }
+}
+
+/// Positions (0-based) from the 1-based positions a statement returned.
+fn marked(n: usize, positions: Vec<i64>) -> Vec<bool> {
+    let mut out = vec![false; n];
+    for p in positions {
+        if let Some(slot) = usize::try_from(p - 1).ok().and_then(|i| out.get_mut(i)) {
+            *slot = true;
+        }
+    }
+    out
+}
+
 impl PgData {
-    /// Upsert a batch in one statement and one transaction, each item under
-    /// its own claim: a stale fence fails its own item only; the last write
-    /// to a row wins. An error of the statement (a bad item, a deadlock
-    /// abort) fails the whole batch; [`DataStore::upsert_many`] then writes
-    /// item by item.
-    pub async fn upsert_batch(&self, items: &[Upsert]) -> Result<Vec<Result<(), DataError>>, sqlx::Error> {
+    /// Write a batch in one transaction, each item under its own claim: a
+    /// stale fence fails its own item only. A batch of upserts only is one
+    /// statement; otherwise the fences are checked (and locked) by one
+    /// statement, then each kind is one statement, in the order upserts,
+    /// insert-uniques, deletes (the items come from concurrent executions,
+    /// so any order is one they could have run in). An error of a
+    /// statement (a bad item, a deadlock abort) fails the whole batch;
+    /// [`DataStore::write_many`] then writes item by item.
+    pub async fn write_batch(&self, items: &[Write]) -> Result<Vec<Result<Written, DataError>>, sqlx::Error> {
+        if items.iter().all(|w| matches!(w.op, WriteOp::Upsert(_))) {
+            return self.upsert_batch(items).await;
+        }
+        let fence_query = match self.fencing {
+            Fencing::Token => include_str!("../../queries/postgres/fence_batch_token.sql"),
+            Fencing::ClaimRow => include_str!("../../queries/postgres/fence_batch_claim_row.sql"),
+        };
+        let mut tx = self.pool.begin().await?;
+        let held: Vec<i64> = sqlx::query_scalar(fence_query)
+            .bind(items.iter().map(|w| w.claim.plugin.clone()).collect::<Vec<String>>())
+            .bind(items.iter().map(|w| w.claim.key.clone()).collect::<Vec<String>>())
+            .bind(items.iter().map(|w| w.claim.fence).collect::<Vec<i64>>())
+            .fetch_all(&mut *tx)
+            .await?;
+        let held = marked(items.len(), held);
+        let mut out: Vec<Result<Written, DataError>> = items.iter().map(|w| Err(w.fence_lost())).collect();
+        let of_kind = |kind: fn(&WriteOp) -> bool| -> Vec<usize> { (0..items.len()).filter(|&i| held[i] && kind(&items[i].op)).collect() };
+
+        let upserts = of_kind(|op| matches!(op, WriteOp::Upsert(_)));
+        if !upserts.is_empty() {
+            let c = Columns::of(items, &upserts);
+            sqlx::query(include_str!("../../queries/postgres/kv_upsert_many.sql"))
+                .bind(c.collections)
+                .bind(c.keys)
+                .bind(c.values)
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+            for i in upserts {
+                out[i] = Ok(Written::Upserted);
+            }
+        }
+
+        let inserts = of_kind(|op| matches!(op, WriteOp::InsertUnique(_)));
+        if !inserts.is_empty() {
+            let c = Columns::of(items, &inserts);
+            let inserted: Vec<i64> = sqlx::query_scalar(include_str!("../../queries/postgres/kv_insert_unique_many.sql"))
+                .bind(c.collections)
+                .bind(c.keys)
+                .bind(c.values)
+                .bind(now_ms())
+                .fetch_all(&mut *tx)
+                .await?;
+            let inserted = marked(inserts.len(), inserted);
+            let taken: Vec<usize> = inserts.iter().zip(&inserted).filter(|(_, ins)| !**ins).map(|(&i, _)| i).collect();
+            for (&i, _) in inserts.iter().zip(&inserted).filter(|(_, ins)| **ins) {
+                out[i] = Ok(Written::Inserted(Inserted::Inserted));
+            }
+            if !taken.is_empty() {
+                let c = Columns::of(items, &taken);
+                let found: Vec<(i64, Vec<u8>)> = sqlx::query_as(include_str!("../../queries/postgres/kv_get_many.sql"))
+                    .bind(c.collections)
+                    .bind(c.keys)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                for &i in &taken {
+                    out[i] = Err(DataError::Unavailable(format!(
+                        "key {:?} of collection {:?} was deleted while an insert-unique read it; retry",
+                        items[i].key, items[i].collection
+                    )));
+                }
+                for (p, value) in found {
+                    if let Some(&i) = usize::try_from(p - 1).ok().and_then(|j| taken.get(j)) {
+                        out[i] = Ok(Written::Inserted(Inserted::Existed(value)));
+                    }
+                }
+            }
+        }
+
+        let deletes = of_kind(|op| matches!(op, WriteOp::Delete));
+        if !deletes.is_empty() {
+            let c = Columns::of(items, &deletes);
+            let deleted: Vec<i64> = sqlx::query_scalar(include_str!("../../queries/postgres/kv_delete_many.sql"))
+                .bind(c.collections)
+                .bind(c.keys)
+                .fetch_all(&mut *tx)
+                .await?;
+            for (&i, existed) in deletes.iter().zip(marked(deletes.len(), deleted)) {
+                out[i] = Ok(Written::Deleted(existed));
+            }
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// A batch of upserts in one statement (fence check, write, one
+    /// transaction); the last write to a row wins.
+    async fn upsert_batch(&self, items: &[Write]) -> Result<Vec<Result<Written, DataError>>, sqlx::Error> {
         let query = match self.fencing {
             Fencing::Token => include_str!("../../queries/postgres/kv_upsert_batch_token.sql"),
             Fencing::ClaimRow => include_str!("../../queries/postgres/kv_upsert_batch_claim_row.sql"),
         };
-        let col = |f: fn(&Upsert) -> String| items.iter().map(f).collect::<Vec<String>>();
+        let all: Vec<usize> = (0..items.len()).collect();
+        let c = Columns::of(items, &all);
         let positions: Vec<i64> = sqlx::query_scalar(query)
-            .bind(col(|u| u.claim.plugin.clone()))
-            .bind(col(|u| u.claim.key.clone()))
-            .bind(items.iter().map(|u| u.claim.fence).collect::<Vec<i64>>())
-            .bind(col(|u| u.collection.clone()))
-            .bind(col(|u| u.key.clone()))
-            .bind(items.iter().map(|u| u.value.clone()).collect::<Vec<Vec<u8>>>())
+            .bind(items.iter().map(|w| w.claim.plugin.clone()).collect::<Vec<String>>())
+            .bind(items.iter().map(|w| w.claim.key.clone()).collect::<Vec<String>>())
+            .bind(items.iter().map(|w| w.claim.fence).collect::<Vec<i64>>())
+            .bind(c.collections)
+            .bind(c.keys)
+            .bind(c.values)
             .bind(now_ms())
             .fetch_all(&self.pool)
             .await?;
-        let mut written = vec![false; items.len()];
-        for p in positions {
-            if let Some(slot) = written.get_mut((p - 1) as usize) {
-                *slot = true;
-            }
-        }
         Ok(items
             .iter()
-            .zip(written)
-            .map(|(u, written)| {
-                if written {
-                    Ok(())
-                } else {
-                    Err(DataError::FenceLost {
-                        plugin: u.claim.plugin.clone(),
-                        key: u.claim.key.clone(),
-                        fence: u.claim.fence,
-                    })
-                }
-            })
+            .zip(marked(items.len(), positions))
+            .map(|(w, written)| if written { Ok(Written::Upserted) } else { Err(w.fence_lost()) })
             .collect())
     }
 }
@@ -192,19 +300,15 @@ impl DataStore for PgData {
         Ok(())
     }
 
-    async fn upsert_many(&self, items: &[Upsert]) -> Vec<Result<(), DataError>> {
-        match self.upsert_batch(items).await {
+    async fn write_many(&self, items: &[Write]) -> Vec<Result<Written, DataError>> {
+        match self.write_batch(items).await {
             Ok(results) => results,
             Err(e) => {
                 // One bad item (or a deadlock abort) must not fail the
                 // others: write this batch one item at a time, so each error
                 // lands on its own item only.
                 tracing::debug!(error = %e, items = items.len(), "group commit failed; writing the batch item by item");
-                let mut out = Vec::with_capacity(items.len());
-                for u in items {
-                    out.push(self.upsert(Some(&u.claim), &u.collection, &u.key, &u.value).await);
-                }
-                out
+                super::write_each(self, items).await
             }
         }
     }

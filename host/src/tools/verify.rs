@@ -324,6 +324,7 @@ pub async fn verify(config: &Config, name: &str, p: &PluginConfig, messages: Vec
             attempt,
             claim: Some(claim.clone()),
             interrupt: Arc::new(AtomicBool::new(false)),
+            writes: Default::default(),
         };
 
         // Twice in a row: the first run's claim is released unconfirmed.

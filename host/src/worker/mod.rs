@@ -12,7 +12,9 @@
 //!
 //! This file holds the worker's options and the fetch loop: take a free
 //! handler slot, fetch a batch of at most as many deliveries as there are
-//! free slots, admit it, and spawn a task per admitted message.
+//! free slots, admit it, and spawn a task per admitted message. A slot is
+//! free again when its handler returns; the message stays in hand until
+//! its queued writes have committed and it is settled.
 
 mod admit;
 mod confirm;
@@ -27,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backends;
@@ -150,14 +152,16 @@ impl Worker {
             tokio::spawn(async move { this.confirm_loop(rx, stop).await })
         });
         let slots = Arc::new(Semaphore::new(self.options.concurrency));
+        let in_hand = Arc::new(Semaphore::new(self.options.concurrency * IN_HAND_PER_SLOT));
         let mut tasks = tokio::task::JoinSet::new();
         let mut backoff = self.options.poll_idle;
         loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                permit = slots.clone().acquire_owned() => permit.expect("semaphore closed"),
+                permits = take_both(&slots, &in_hand) => permits,
             };
-            let want = (1 + slots.available_permits()).min(self.options.batch_size);
+            let room = slots.available_permits().min(in_hand.available_permits());
+            let want = (1 + room).min(self.options.batch_size);
             let deliveries = match self.backends.broker.fetch(want, self.options.visibility).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -175,18 +179,18 @@ impl Worker {
             }
             let mut permits = vec![first];
             while permits.len() < deliveries.len() {
-                match slots.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
+                match (slots.clone().try_acquire_owned(), in_hand.clone().try_acquire_owned()) {
+                    (Ok(slot), Ok(held)) => permits.push((slot, held)),
+                    _ => break,
                 }
             }
             let admitted = self.admit(deliveries).await;
             for admission in admitted.run {
-                let permit = permits.pop().expect("one slot per fetched delivery");
+                let (slot, held) = permits.pop().expect("one slot per fetched delivery");
                 let this = self.clone();
                 tasks.spawn(async move {
-                    this.execute(admission).await;
-                    drop(permit);
+                    this.execute(admission, slot).await;
+                    drop(held);
                 });
             }
             while let Some(done) = tasks.try_join_next() {
@@ -249,6 +253,18 @@ impl Worker {
             self.nack(&receipt, Duration::ZERO).await;
         }
     }
+}
+
+/// Messages a worker holds per handler slot: one running, the others
+/// settling (their handlers returned; their queued writes are committing).
+/// Bounds what a slow data store can pile up.
+const IN_HAND_PER_SLOT: usize = 4;
+
+/// A handler slot and a place among the messages in hand.
+async fn take_both(slots: &Arc<Semaphore>, in_hand: &Arc<Semaphore>) -> (OwnedSemaphorePermit, OwnedSemaphorePermit) {
+    let held = in_hand.clone().acquire_owned().await.expect("semaphore closed");
+    let slot = slots.clone().acquire_owned().await.expect("semaphore closed");
+    (slot, held)
 }
 
 /// The fetch loop's backoff after a failure: doubled, between 50 ms and 5 s.

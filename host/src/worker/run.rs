@@ -1,9 +1,10 @@
-//! Running an admitted message: register it with the heartbeat, run the
-//! handler in the runtime, record its duration, and hand the outcome to
-//! settling.
+//! Running an admitted message: run the handler in the runtime, free its
+//! handler slot as soon as the handler returns, wait for the writes it
+//! queued (write-behind), and hand the outcome to settling.
 
 use std::sync::Arc;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::admit::Admission;
@@ -13,7 +14,7 @@ use crate::stats::Counters;
 
 impl Worker {
     /// Run one admission to its settlement.
-    pub(super) async fn execute(self: Arc<Self>, a: Admission) {
+    pub(super) async fn execute(self: Arc<Self>, a: Admission, slot: OwnedSemaphorePermit) {
         Counters::inc(&self.counters.executions);
         let k = &a.candidate;
         let span = tracing::info_span!("message", plugin = %k.plugin.name, key = %k.key, attempt = a.attempt, fence = a.claim.as_ref().map(|c| c.fence));
@@ -23,10 +24,16 @@ impl Worker {
             attempt: a.attempt,
             claim: a.claim.clone(),
             interrupt: a.interrupt.clone(),
+            writes: Default::default(),
         };
+        let writes = exec.writes.clone();
         let started = std::time::Instant::now();
-        let outcome = self.runtime.execute(&self.caps, &k.plugin, exec).instrument(span.clone()).await;
+        let outcome = self.runtime.run(&self.caps, &k.plugin, exec).instrument(span.clone()).await;
         self.durations.record(&k.plugin.name, started.elapsed().as_secs_f64());
+        // The handler is done with its slot; its queued writes commit
+        // without it, and nothing is settled before they have.
+        drop(slot);
+        let outcome = writes.settle(outcome).await;
         self.settle(a, outcome).instrument(span).await;
     }
 }

@@ -18,10 +18,13 @@
 //! | d | NATS JetStream | Postgres | Postgres | `grant-credits` |
 //! | e | SQS (a local SQS-compatible server) | Postgres | Postgres | `grant-credits` |
 //! | f | Kafka (four partitions) | Postgres | Postgres | `grant-credits` |
+//! | g | Redis Streams | Redis | Postgres | `noop` |
 //!
 //! Scenario f also runs, in the same rotation, a plain rdkafka consumer
 //! doing the same upsert one record at a time (`kafka_loop`, reported as
-//! `rdkafka-loop`).
+//! `rdkafka-loop`); scenario g, a bare `XREADGROUP` + `XACK` loop on the
+//! same stream (`redis_loop`, reported as `redis-loop`): what the
+//! idempotency machinery costs over the broker alone.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -44,6 +47,7 @@ use crate::worker::WorkerOptions;
 
 mod kafka_loop;
 mod process;
+mod redis_loop;
 
 use self::process::{cpu_seconds, peak_rss_kib, reset_peak_rss};
 
@@ -66,6 +70,8 @@ pub enum Scenario {
     E,
     /// Kafka (a topic of four partitions), Postgres claims and data.
     F,
+    /// Redis Streams and claims, no-op plugin (b without its upsert).
+    G,
 }
 
 /// Component, native twin, or both alternating.
@@ -82,8 +88,9 @@ pub enum HandlerChoice {
 /// `idem bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Scenarios to run (comma-separated): a, b, c, d, e, f (e: SQS, against
-    /// the server at --sqs-url; f: Kafka, at --kafka-url).
+    /// Scenarios to run (comma-separated): a, b, c, d, e, f, g (e: SQS,
+    /// against the server at --sqs-url; f: Kafka, at --kafka-url; g: b's
+    /// deployment with the no-op plugin, beside a bare consume-and-ack loop).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "a,b,c,d")]
     pub scenario: Vec<Scenario>,
     /// Messages per run.
@@ -115,7 +122,7 @@ pub struct BenchArgs {
     /// PostgreSQL (scenarios b, c, d).
     #[arg(long, env = "IDEM_BENCH_POSTGRES_URL", default_value = "postgres://postgres@127.0.0.1:5432/test")]
     pub postgres_url: String,
-    /// Redis (scenario b).
+    /// Redis (scenarios b and g).
     #[arg(long, env = "IDEM_BENCH_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
     /// RabbitMQ (scenario c).
@@ -243,13 +250,14 @@ pub async fn run(args: &BenchArgs) -> Result<BenchReport> {
                 );
                 runs.push(figures);
             }
-            if scenario == Scenario::F {
-                let figures = loop_run(args)
+            if matches!(scenario, Scenario::F | Scenario::G) {
+                let figures = loop_run(args, scenario)
                     .await
-                    .with_context(|| format!("scenario f (rdkafka loop), run {}", i + 1))?;
+                    .with_context(|| format!("scenario {scenario:?} (baseline loop), run {}", i + 1))?;
                 eprintln!(
-                    "bench F {:<6} run {}: {:>8.0} msg/s  cpu {:.3} s/1k",
-                    kafka_loop::NAME,
+                    "bench {:?} {:<6} run {}: {:>8.0} msg/s  cpu {:.3} s/1k",
+                    scenario,
+                    figures.handler,
                     i + 1,
                     figures.rate,
                     figures.cpu_s_per_1k
@@ -333,7 +341,7 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, handler: &str, dir: &st
     let pg = Some(args.postgres_url.clone());
     match scenario {
         Scenario::A => {}
-        Scenario::B => {
+        Scenario::B | Scenario::G => {
             c.broker.kind = BrokerKind::Redis;
             c.broker.url = Some(args.redis_url.clone());
             c.claims.kind = StoreKind::Redis;
@@ -382,7 +390,7 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, handler: &str, dir: &st
 
 fn plugin_of(scenario: Scenario) -> (&'static str, &'static str, &'static [&'static str]) {
     match scenario {
-        Scenario::A => ("noop", "noop", &[]),
+        Scenario::A | Scenario::G => ("noop", "noop", &[]),
         _ => ("grant-credits", "grant_credits", &["credits"]),
     }
 }
@@ -415,19 +423,23 @@ async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) ->
     result
 }
 
-/// Scenario f's baseline on a topic of its own with the same messages.
-async fn loop_run(args: &BenchArgs) -> Result<RunFigures> {
+/// Scenario f's or g's baseline, in a namespace of its own, on the same
+/// messages.
+async fn loop_run(args: &BenchArgs, scenario: Scenario) -> Result<RunFigures> {
     let dir = tempfile::tempdir()?;
-    let config = scenario_config(args, Scenario::F, "native", dir.path());
-    let (plugin, _, _) = plugin_of(Scenario::F);
+    let config = scenario_config(args, scenario, "native", dir.path());
+    let (plugin, _, _) = plugin_of(scenario);
     crate::tools::chaos::prepare_broker(&config).await?;
     let result = async {
-        use crate::broker::Broker as _;
-        let broker = crate::broker::kafka::KafkaBroker::connect(crate::backend::kafka_options(&config)?).await?;
         let all: Vec<Envelope> = (0..args.messages).map(|i| message(i, plugin, None)).collect();
-        for chunk in all.chunks(500) {
-            broker.publish(chunk, Duration::ZERO).await?;
+        if scenario == Scenario::G {
+            let broker = crate::broker::redis::RedisBroker::connect(config.broker.url()?, &config.namespace).await?;
+            publish(&broker, &all).await?;
+            let stream = format!("{}:queue", config.namespace);
+            return redis_loop::run(&args.redis_url, &stream, args.messages, args.batch_size).await;
         }
+        let broker = crate::broker::kafka::KafkaBroker::connect(crate::backend::kafka_options(&config)?).await?;
+        publish(&broker, &all).await?;
         kafka_loop::run(&config, args.messages, &args.postgres_url).await
     }
     .await;
@@ -435,14 +447,19 @@ async fn loop_run(args: &BenchArgs) -> Result<RunFigures> {
     result
 }
 
+async fn publish(broker: &dyn crate::broker::Broker, all: &[Envelope]) -> Result<()> {
+    for chunk in all.chunks(500) {
+        broker.publish(chunk, Duration::ZERO).await?;
+    }
+    Ok(())
+}
+
 async fn measure(args: &BenchArgs, config: &Config, scenario: Scenario, plugin: &str, handler: &'static str) -> Result<RunFigures> {
     let n = args.messages;
     {
         let backends = crate::backend::open(config).await?;
         let all: Vec<Envelope> = (0..n).map(|i| message(i, plugin, None)).collect();
-        for chunk in all.chunks(500) {
-            backends.broker.publish(chunk, Duration::ZERO).await?;
-        }
+        publish(backends.broker.as_ref(), &all).await?;
     }
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.latency_messages)));
     let options = WorkerOptions::from_config(config);
