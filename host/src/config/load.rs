@@ -126,6 +126,9 @@ impl Config {
         if self.worker.concurrency == 0 {
             bail!("worker.concurrency must be at least 1");
         }
+        if self.worker.prefetch == 0 {
+            bail!("worker.prefetch must be at least 1 (messages held per handler slot)");
+        }
         if self.worker.batch_size == 0 {
             bail!("worker.batch_size must be at least 1");
         }

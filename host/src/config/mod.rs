@@ -308,6 +308,11 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Deliveries fetched (and claimed) per round trip.
     pub batch_size: usize,
+    /// Messages a worker holds per handler slot: claimed and waiting for a
+    /// slot, running, or settling (their writes committing). Fetching and
+    /// claiming for free places in hand rather than free slots keeps the
+    /// slots fed while a fetch and its claim round trip are under way.
+    pub prefetch: usize,
     /// How long a claim is owned without a heartbeat. Set it well above the
     /// handler's p99 duration; the heartbeat extends it while a handler runs.
     pub lease_ms: u64,
@@ -340,7 +345,8 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             concurrency: 16,
-            batch_size: 32,
+            batch_size: 64,
+            prefetch: 16,
             lease_ms: 30_000,
             heartbeat_ms: None,
             visibility_ms: 60_000,

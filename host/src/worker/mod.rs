@@ -11,10 +11,12 @@
 //! ```
 //!
 //! This file holds the worker's options and the fetch loop: take a free
-//! handler slot, fetch a batch of at most as many deliveries as there are
-//! free slots, admit it, and spawn a task per admitted message. A slot is
-//! free again when its handler returns; the message stays in hand until
-//! its queued writes have committed and it is settled.
+//! place in hand, fetch a batch of at most as many deliveries as there are
+//! free places (`worker.prefetch` per slot), admit (claim) it, and spawn a
+//! task per admitted message,
+//! which waits for a handler slot to run. A slot is free again when its
+//! handler returns; the message stays in hand until its queued writes have
+//! committed and it is settled.
 
 mod admit;
 mod confirm;
@@ -29,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backends;
@@ -50,6 +52,9 @@ pub struct WorkerOptions {
     pub concurrency: usize,
     /// Deliveries fetched per round trip.
     pub batch_size: usize,
+    /// Messages held per handler slot (claimed and waiting, running,
+    /// settling).
+    pub prefetch: usize,
     /// Claim lease.
     pub lease: Duration,
     /// Heartbeat interval; `None` disables the heartbeat (tests only).
@@ -76,6 +81,7 @@ impl WorkerOptions {
             owner: format!("{}-{}", crate::text::hostname(), uuid::Uuid::new_v4().simple()),
             concurrency: w.concurrency,
             batch_size: w.batch_size,
+            prefetch: w.prefetch,
             lease: w.lease(),
             heartbeat: Some(w.heartbeat()),
             visibility: w.visibility(),
@@ -152,16 +158,15 @@ impl Worker {
             tokio::spawn(async move { this.confirm_loop(rx, stop).await })
         });
         let slots = Arc::new(Semaphore::new(self.options.concurrency));
-        let in_hand = Arc::new(Semaphore::new(self.options.concurrency * IN_HAND_PER_SLOT));
+        let in_hand = Arc::new(Semaphore::new(self.options.concurrency * self.options.prefetch));
         let mut tasks = tokio::task::JoinSet::new();
         let mut backoff = self.options.poll_idle;
         loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                permits = take_both(&slots, &in_hand) => permits,
+                held = in_hand.clone().acquire_owned() => held.expect("semaphore closed"),
             };
-            let room = slots.available_permits().min(in_hand.available_permits());
-            let want = (1 + room).min(self.options.batch_size);
+            let want = (1 + in_hand.available_permits()).min(self.options.batch_size);
             let deliveries = match self.backends.broker.fetch(want, self.options.visibility).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -177,18 +182,20 @@ impl Worker {
                 sleep_or_cancel(self.options.poll_idle, &shutdown).await;
                 continue;
             }
-            let mut permits = vec![first];
-            while permits.len() < deliveries.len() {
-                match (slots.clone().try_acquire_owned(), in_hand.clone().try_acquire_owned()) {
-                    (Ok(slot), Ok(held)) => permits.push((slot, held)),
-                    _ => break,
+            let mut held = vec![first];
+            while held.len() < deliveries.len() {
+                match in_hand.clone().try_acquire_owned() {
+                    Ok(p) => held.push(p),
+                    Err(_) => break,
                 }
             }
             let admitted = self.admit(deliveries).await;
             for admission in admitted.run {
-                let (slot, held) = permits.pop().expect("one slot per fetched delivery");
+                let held = held.pop().expect("a place in hand per fetched delivery");
                 let this = self.clone();
+                let slots = slots.clone();
                 tasks.spawn(async move {
+                    let slot = slots.acquire_owned().await.expect("semaphore closed");
                     this.execute(admission, slot).await;
                     drop(held);
                 });
@@ -253,18 +260,6 @@ impl Worker {
             self.nack(&receipt, Duration::ZERO).await;
         }
     }
-}
-
-/// Messages a worker holds per handler slot: one running, the others
-/// settling (their handlers returned; their queued writes are committing).
-/// Bounds what a slow data store can pile up.
-const IN_HAND_PER_SLOT: usize = 4;
-
-/// A handler slot and a place among the messages in hand.
-async fn take_both(slots: &Arc<Semaphore>, in_hand: &Arc<Semaphore>) -> (OwnedSemaphorePermit, OwnedSemaphorePermit) {
-    let held = in_hand.clone().acquire_owned().await.expect("semaphore closed");
-    let slot = slots.clone().acquire_owned().await.expect("semaphore closed");
-    (slot, held)
 }
 
 /// The fetch loop's backoff after a failure: doubled, between 50 ms and 5 s.

@@ -105,6 +105,9 @@ pub struct BenchArgs {
     /// Deliveries fetched and claimed per round trip (worker.batch_size).
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
+    /// Messages held per handler slot (worker.prefetch).
+    #[arg(long, default_value_t = 4)]
+    pub prefetch: usize,
     /// Component, native twin, or both.
     #[arg(long, value_enum, default_value_t = HandlerChoice::Both)]
     pub handler: HandlerChoice,
@@ -296,7 +299,7 @@ fn summarize(runs: &[RunFigures]) -> Vec<Summary> {
         })
         .collect();
     let natives: BTreeMap<Scenario, f64> = out.iter().filter(|s| s.handler == "native").map(|s| (s.scenario, s.rate)).collect();
-    for s in out.iter_mut().filter(|s| s.handler != "native") {
+    for s in out.iter_mut().filter(|s| matches!(s.handler, "wasm" | "python" | "js")) {
         s.wasm_over_native = natives.get(&s.scenario).map(|n| s.rate / n);
     }
     out
@@ -381,6 +384,7 @@ fn scenario_config(args: &BenchArgs, scenario: Scenario, handler: &str, dir: &st
     );
     c.worker.concurrency = args.concurrency;
     c.worker.batch_size = args.batch_size;
+    c.worker.prefetch = args.prefetch;
     c.worker.poll_idle_ms = 5;
     c.worker.watch_plugins = false;
     c.claims.max_connections = args.concurrency as u32 + 4;
