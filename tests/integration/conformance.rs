@@ -409,7 +409,10 @@ pub async fn batched_writes_conformance(b: &Backends, refuses_nul: bool) {
     let lost = |r: &Result<Written, DataError>| matches!(r, Err(DataError::FenceLost { .. }));
     let ok = |r: &Result<Written, DataError>| r.as_ref().ok().cloned();
     assert_eq!(ok(&results[0]), Some(Written::Upserted), "{results:?}");
-    assert!(lost(&results[1]) && lost(&results[7]) && lost(&results[11]), "stale fences: {results:?}");
+    assert!(
+        lost(&results[1]) && lost(&results[7]) && lost(&results[11]),
+        "stale fences: {results:?}"
+    );
     assert_eq!(ok(&results[2]), Some(Written::Upserted));
     assert_eq!(ok(&results[3]), Some(Written::Upserted));
     assert_eq!(ok(&results[4]), Some(Written::Inserted(Inserted::Inserted)), "{results:?}");
@@ -466,7 +469,9 @@ pub async fn batched_writes_conformance(b: &Backends, refuses_nul: bool) {
     let stored = get("race").await.expect("one insert won");
     assert_eq!(answers.iter().filter(|a| **a == Inserted::Inserted).count(), 1, "{answers:?}");
     assert!(
-        answers.iter().all(|a| *a == Inserted::Inserted || *a == Inserted::Existed(stored.clone())),
+        answers
+            .iter()
+            .all(|a| *a == Inserted::Inserted || *a == Inserted::Existed(stored.clone())),
         "every loser sees the winner's value: {answers:?}"
     );
 
@@ -736,7 +741,11 @@ async fn the_group_commit_statements_check_each_item() {
         assert_eq!(get("fresh").await.as_deref(), Some(&b"a"[..]));
         assert_eq!(get("new").await, None);
         assert_eq!(get("other").await, None);
-        assert_eq!(get("same").await.as_deref(), Some(&b"second"[..]), "{fencing:?}: a stale delete deletes nothing");
+        assert_eq!(
+            get("same").await.as_deref(),
+            Some(&b"second"[..]),
+            "{fencing:?}: a stale delete deletes nothing"
+        );
         assert_eq!(get("up").await.as_deref(), Some(&b"u"[..]));
         s.cleanup().await;
     }

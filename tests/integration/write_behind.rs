@@ -76,7 +76,11 @@ async fn a_queued_write_refused_after_the_handler_returned_confirms_nothing() {
     .await;
     assert_eq!(pool.counters.done.load(Ordering::Relaxed), 0, "nothing confirmed");
     assert_eq!(pool.backends.data.get("credits", "u1").await.unwrap(), None, "nothing written");
-    assert_ne!(state(&pool, "grant-credits", "m-1").await, Some("done"), "the claim is not confirmed");
+    assert_ne!(
+        state(&pool, "grant-credits", "m-1").await,
+        Some("done"),
+        "the claim is not confirmed"
+    );
     pool.stop().await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{ns}\" CASCADE")))
         .execute(&pg)

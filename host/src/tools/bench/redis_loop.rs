@@ -21,12 +21,12 @@ pub(super) const NAME: &str = "redis-loop";
 /// group of its own, `batch` at a time, timed from the first read.
 pub(super) async fn run(redis_url: &str, stream: &str, n: usize, batch: usize) -> Result<RunFigures> {
     let client = redis::Client::open(redis_url).context("the baseline's Redis URL")?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .context("the baseline's Redis")?;
+    let mut conn = client.get_multiplexed_async_connection().await.context("the baseline's Redis")?;
     let group = "bench-loop";
-    let _: () = conn.xgroup_create(stream, group, "0").await.context("creating the baseline's consumer group")?;
+    let _: () = conn
+        .xgroup_create(stream, group, "0")
+        .await
+        .context("creating the baseline's consumer group")?;
     let options = StreamReadOptions::default().group(group, "loop").count(batch);
     reset_peak_rss();
     let started = Instant::now();
