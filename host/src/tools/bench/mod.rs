@@ -105,8 +105,9 @@ pub struct BenchArgs {
     /// Deliveries fetched and claimed per round trip (worker.batch_size).
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// Messages held per handler slot (worker.prefetch).
-    #[arg(long, default_value_t = 4)]
+    /// Messages held per handler slot (worker.prefetch); default: the
+    /// configuration's default.
+    #[arg(long, default_value_t = crate::config::WorkerConfig::default().prefetch)]
     pub prefetch: usize,
     /// Component, native twin, or both.
     #[arg(long, value_enum, default_value_t = HandlerChoice::Both)]
