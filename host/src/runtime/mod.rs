@@ -11,6 +11,7 @@ pub mod cache;
 pub mod footprint;
 mod instance;
 pub mod native;
+mod outcome;
 mod world;
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use crate::plugin::{version_of, PluginInfo};
 use footprint::{Capacity, Footprint};
 pub use instance::HostState;
 use instance::Pre;
+pub use outcome::Outcome;
 pub use world::{component_imports, import_allowed};
 
 /// How often the epoch advances: the granularity of CPU deadlines and of
@@ -77,26 +79,6 @@ impl std::fmt::Debug for Plugin {
             .field("version", &self.version)
             .finish()
     }
-}
-
-/// How an execution ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// The handler returned `ok`, with the message's result if it gave
-    /// one (always `None` from a component of `idem:handler@0.1.0`).
-    Done(Option<Vec<u8>>),
-    /// The handler returned a transient error.
-    Transient(String),
-    /// The handler returned a permanent error.
-    Permanent(String),
-    /// The instance trapped: a panic, a sandbox limit, or a host bug.
-    Trapped(String),
-    /// The claim was taken over mid-run; nothing may be settled.
-    FenceLost,
-    /// Fault injection stopped the execution as if the worker had died.
-    Crashed,
-    /// The host could not run the handler (e.g. no free instance slot).
-    HostError(String),
 }
 
 /// Engine settings.
@@ -363,13 +345,12 @@ impl Runtime {
     /// writes it queued: the outcome is final.
     pub async fn execute(&self, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
         let writes = exec.writes.clone();
-        let outcome = self.run(caps, plugin, exec).await;
-        writes.settle(outcome).await
+        self.run(caps, plugin, exec).await.after_writes(&writes).await
     }
 
     /// Run one message through a plugin in a fresh store, returning when
     /// the handler does: writes it queued may still be committing, and
-    /// the outcome is final only after `exec.writes.settle` (the worker
+    /// the outcome is final only after [`Outcome::after_writes`] (the worker
     /// frees the handler slot in between).
     pub async fn run(&self, caps: &Arc<Capabilities>, plugin: &Arc<Plugin>, exec: Execution) -> Outcome {
         match &plugin.code {

@@ -37,6 +37,18 @@ pub enum DataError {
     Unavailable(String),
 }
 
+#[cfg(test)]
+impl DataError {
+    /// A refusal for a stale fence, for tests.
+    pub(crate) fn stale() -> Self {
+        DataError::FenceLost {
+            plugin: "p".into(),
+            key: "k".into(),
+            fence: 1,
+        }
+    }
+}
+
 impl From<sqlx::Error> for DataError {
     fn from(e: sqlx::Error) -> Self {
         DataError::Unavailable(e.to_string())

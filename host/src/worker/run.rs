@@ -33,7 +33,7 @@ impl Worker {
         // The handler is done with its slot; its queued writes commit
         // without it, and nothing is settled before they have.
         drop(slot);
-        let outcome = writes.settle(outcome).await;
+        let outcome = outcome.after_writes(&writes).await;
         self.settle(a, outcome).instrument(span).await;
     }
 }

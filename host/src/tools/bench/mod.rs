@@ -45,6 +45,7 @@ use crate::tools::sdk::Lang;
 use crate::worker::percentile;
 use crate::worker::WorkerOptions;
 
+mod baseline;
 mod kafka_loop;
 mod process;
 mod redis_loop;
@@ -255,7 +256,7 @@ pub async fn run(args: &BenchArgs) -> Result<BenchReport> {
                 runs.push(figures);
             }
             if matches!(scenario, Scenario::F | Scenario::G) {
-                let figures = loop_run(args, scenario)
+                let figures = baseline::run(args, scenario)
                     .await
                     .with_context(|| format!("scenario {scenario:?} (baseline loop), run {}", i + 1))?;
                 eprintln!(
@@ -428,43 +429,12 @@ async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) ->
     result
 }
 
-/// Scenario f's or g's baseline, in a namespace of its own, on the same
-/// messages.
-async fn loop_run(args: &BenchArgs, scenario: Scenario) -> Result<RunFigures> {
-    let dir = tempfile::tempdir()?;
-    let config = scenario_config(args, scenario, "native", dir.path());
-    let (plugin, _, _) = plugin_of(scenario);
-    crate::tools::chaos::prepare_broker(&config).await?;
-    let result = async {
-        let all: Vec<Envelope> = (0..args.messages).map(|i| message(i, plugin, None)).collect();
-        if scenario == Scenario::G {
-            let broker = crate::broker::redis::RedisBroker::connect(config.broker.url()?, &config.namespace).await?;
-            publish(&broker, &all).await?;
-            let stream = format!("{}:queue", config.namespace);
-            return redis_loop::run(&args.redis_url, &stream, args.messages, args.batch_size).await;
-        }
-        let broker = crate::broker::kafka::KafkaBroker::connect(crate::backend::kafka_options(&config)?).await?;
-        publish(&broker, &all).await?;
-        kafka_loop::run(&config, args.messages, &args.postgres_url).await
-    }
-    .await;
-    crate::tools::chaos::cleanup(&config).await;
-    result
-}
-
-async fn publish(broker: &dyn crate::broker::Broker, all: &[Envelope]) -> Result<()> {
-    for chunk in all.chunks(500) {
-        broker.publish(chunk, Duration::ZERO).await?;
-    }
-    Ok(())
-}
-
 async fn measure(args: &BenchArgs, config: &Config, scenario: Scenario, plugin: &str, handler: &'static str) -> Result<RunFigures> {
     let n = args.messages;
     {
         let backends = crate::backend::open(config).await?;
         let all: Vec<Envelope> = (0..n).map(|i| message(i, plugin, None)).collect();
-        publish(backends.broker.as_ref(), &all).await?;
+        baseline::publish(backends.broker.as_ref(), &all).await?;
     }
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.latency_messages)));
     let options = WorkerOptions::from_config(config);
