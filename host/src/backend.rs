@@ -272,7 +272,13 @@ pub async fn open(config: &Config) -> Result<Backends> {
     let broker: Arc<dyn Broker> = match config.broker.kind {
         BrokerKind::Sqlite => Arc::new(crate::broker::sqlite::SqliteBroker::new(sqlite_pool())),
         BrokerKind::Redis => Arc::new(crate::broker::redis::RedisBroker::connect(config.broker.url()?, ns).await?),
-        BrokerKind::Rabbitmq => Arc::new(crate::broker::amqp::AmqpBroker::connect(config.broker.url()?, ns).await?),
+        BrokerKind::Rabbitmq => {
+            // What the worker holds, and as many again awaiting their
+            // confirm and ack.
+            let held = config.worker.concurrency.saturating_mul(config.worker.prefetch).saturating_mul(2);
+            let prefetch = u16::try_from(held).unwrap_or(u16::MAX);
+            Arc::new(crate::broker::amqp::AmqpBroker::connect_with_prefetch(config.broker.url()?, ns, prefetch).await?)
+        }
         BrokerKind::Nats => Arc::new(crate::broker::nats::NatsBroker::connect(config.broker.url()?, ns, config.worker.visibility()).await?),
         BrokerKind::Celery => Arc::new(crate::broker::celery::CeleryBroker::connect(celery_options(config)?).await?),
         BrokerKind::Sqs => Arc::new(crate::broker::sqs::SqsBroker::connect(sqs_options(config)).await?),

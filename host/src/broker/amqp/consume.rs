@@ -45,7 +45,8 @@ impl Link {
     }
 
     /// Move every delivery that has already arrived into the inbox, without
-    /// waiting. Bounded: the server pushes at most [`PREFETCH`](super::link::PREFETCH) unacked.
+    /// waiting. Bounded: the server pushes at most the consumer's prefetch unacked
+    /// (default [`PREFETCH`](super::link::PREFETCH)).
     pub(super) fn drain(&self, inbox: &mut Inbox) -> Result<(), BrokerError> {
         while let Some(item) = inbox.consumers.as_mut().and_then(|c| c.next().now_or_never()) {
             self.arrive(inbox, item)?;

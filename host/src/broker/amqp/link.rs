@@ -17,7 +17,8 @@ use super::wire::{unavailable, Held};
 use crate::broker::BrokerError;
 use crate::text::redact_url as redact;
 
-/// Deliveries the server may push to one consumer before they are acked:
+/// Deliveries the server may push to one consumer before they are acked,
+/// unless the worker asks for another number ([`super::AmqpBroker::connect_with_prefetch`]):
 /// enough to fill a few fetch batches without a round trip, few enough that
 /// one worker does not hoard a queue that other workers could be serving.
 pub(super) const PREFETCH: u16 = 256;
@@ -69,7 +70,7 @@ pub(super) struct Link {
 }
 
 impl Link {
-    pub(super) async fn open(url: &str, names: &Names, epoch: u64) -> anyhow::Result<Link> {
+    pub(super) async fn open(url: &str, names: &Names, epoch: u64, prefetch: u16) -> anyhow::Result<Link> {
         let hint = || {
             format!(
                 "cannot connect to RabbitMQ at broker.url = {}: check the server is running and the user/password/vhost",
@@ -101,7 +102,7 @@ impl Link {
 
         let consumer_channel = consuming.create_channel().await.with_context(hint)?;
         consumer_channel
-            .basic_qos(PREFETCH, BasicQosOptions::default())
+            .basic_qos(prefetch, BasicQosOptions::default())
             .await
             .context("cannot set the prefetch (basic.qos) on RabbitMQ")?;
 

@@ -92,6 +92,8 @@ use crate::envelope::{Delivery, Envelope};
 pub struct AmqpBroker {
     url: String,
     names: Names,
+    /// The consumer channel's prefetch (basic.qos).
+    prefetch: u16,
     link: RwLock<Arc<Link>>,
     /// One reconnect at a time.
     reconnecting: tokio::sync::Mutex<()>,
@@ -107,7 +109,15 @@ impl AmqpBroker {
     /// vhost `/` written `%2f`) and declare the queues and exchange of
     /// `namespace` (idempotent; workers sharing a namespace share them).
     pub async fn connect(url: &str, namespace: &str) -> anyhow::Result<Self> {
-        Self::open(url, Names::new(namespace)).await
+        Self::open(url, Names::new(namespace), link::PREFETCH).await
+    }
+
+    /// [`AmqpBroker::connect`], with the server pushing at most `prefetch`
+    /// unacked deliveries to this worker (a worker sizes it from what it
+    /// holds: `worker.concurrency × worker.prefetch`, twice, for the
+    /// deliveries awaiting their confirm and ack).
+    pub async fn connect_with_prefetch(url: &str, namespace: &str, prefetch: u16) -> anyhow::Result<Self> {
+        Self::open(url, Names::new(namespace), prefetch.max(1)).await
     }
 
     /// Connect to consume another system's `queues` (Celery's): they are
@@ -115,7 +125,7 @@ impl AmqpBroker {
     /// delay queues for them live under `namespace`. Deliveries are handed
     /// out raw, through [`AmqpBroker::take_with`].
     pub(crate) async fn connect_foreign(url: &str, namespace: &str, queues: &[String]) -> anyhow::Result<Self> {
-        Self::open(url, Names::foreign(namespace, queues)).await
+        Self::open(url, Names::foreign(namespace, queues), link::PREFETCH).await
     }
 
     /// Delete the delay queues Idem declared for another system's `queues`.
@@ -123,11 +133,12 @@ impl AmqpBroker {
         topology::delete(url, &Names::foreign(namespace, queues)).await
     }
 
-    async fn open(url: &str, names: Names) -> anyhow::Result<Self> {
-        let link = Link::open(url, &names, 1).await?;
+    async fn open(url: &str, names: Names, prefetch: u16) -> anyhow::Result<Self> {
+        let link = Link::open(url, &names, 1, prefetch).await?;
         Ok(AmqpBroker {
             url: url.to_string(),
             names,
+            prefetch,
             link: RwLock::new(Arc::new(link)),
             reconnecting: tokio::sync::Mutex::new(()),
         })
@@ -169,7 +180,7 @@ impl AmqpBroker {
         }
         let epoch = old.epoch + 1;
         let fresh = Arc::new(
-            Link::open(&self.url, &self.names, epoch)
+            Link::open(&self.url, &self.names, epoch, self.prefetch)
                 .await
                 .map_err(|e| BrokerError::Unavailable(format!("{e:#}")))?,
         );
