@@ -142,7 +142,8 @@ impl Broker for NatsBroker {
             .await
             .map_err(|e| unavailable("cannot pull from the JetStream consumer", e))?;
         let now = now_ms();
-        let mut out = Vec::new();
+        let mut out: Vec<Delivery> = Vec::new();
+        let mut seen = std::collections::HashMap::new();
         while let Some(next) = batch.next().await {
             let msg = match next {
                 Ok(msg) => msg,
@@ -180,12 +181,23 @@ impl Broker for NatsBroker {
                 }
             }
             let delivery_count = u32::try_from(ack.delivered.max(1)).unwrap_or(u32::MAX);
-            out.push(Delivery {
+            let seq = ack.stream_seq;
+            let delivery = Delivery {
                 envelope: envelope(&msg),
                 receipt,
                 delivery_count,
                 refused: None,
-            });
+            };
+            // A message redelivered while this pull was open (its ack_wait
+            // ran out) comes twice: keep only the newer delivery, whose
+            // receipt is the one the server now answers to.
+            match seen.get(&seq) {
+                Some(&i) => out[i] = delivery,
+                None => {
+                    seen.insert(seq, out.len());
+                    out.push(delivery);
+                }
+            }
         }
         Ok(out)
     }
