@@ -80,6 +80,10 @@ async fn call(
             plugin.limits.max_value_bytes
         ))));
     }
+    // What the handler wrote before the call is committed before the
+    // endpoint can see its effects, as when every write committed before
+    // the handler went on.
+    state.after_all_queued().await?;
     let caps = state.shared.clone();
     let key = state.exec.key.clone();
 

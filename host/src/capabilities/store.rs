@@ -27,11 +27,23 @@ impl ExecutionCaps {
     /// it again; one that failed stops the execution (the handler was told
     /// it had been queued).
     async fn after_queued(&mut self, collection: &str, key: &str) -> Result<(), HostAbort> {
-        match self.exec.writes.wait_for(collection, key).await {
+        let waited = self.exec.writes.wait_for(collection, key).await;
+        self.queued_failed(waited)
+    }
+
+    fn queued_failed(&mut self, waited: Result<(), DataError>) -> Result<(), HostAbort> {
+        match waited {
             Ok(()) => Ok(()),
             Err(e @ DataError::FenceLost { .. }) => self.data_error(e).map(|_| ()),
             Err(DataError::Unavailable(m)) => Err(self.stop(HostAbort::WriteFailed(m))),
         }
+    }
+
+    /// Wait for all of this execution's queued writes (before an external
+    /// call); one that failed stops the execution.
+    pub(super) async fn after_all_queued(&mut self) -> Result<(), HostAbort> {
+        let waited = self.exec.writes.wait_all().await;
+        self.queued_failed(waited)
     }
 
     fn check_write(&self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {

@@ -26,14 +26,17 @@ pub enum Outcome {
 impl Outcome {
     /// The outcome once the execution's queued writes (write-behind) have
     /// committed: unchanged if they all did; fenced out if one was refused
-    /// for a stale fence; a transient failure if a successful execution's
-    /// write failed otherwise (not counted as a trap).
+    /// for a stale fence; a transient failure if a write of an execution
+    /// that succeeded or failed permanently failed otherwise (not counted
+    /// as a trap; a trap or transient failure stays what it was).
     pub async fn after_writes(self, writes: &Writes) -> Outcome {
         match (writes.wait_all().await, self) {
             (Ok(()), outcome) => outcome,
             (Err(_), Outcome::Crashed) => Outcome::Crashed,
             (Err(DataError::FenceLost { .. }), _) => Outcome::FenceLost,
-            (Err(DataError::Unavailable(m)), Outcome::Done(_)) => {
+            // The handler was told its write was queued: whatever it
+            // decided after that, the write did not land; try again.
+            (Err(DataError::Unavailable(m)), Outcome::Done(_) | Outcome::Permanent(_)) => {
                 Outcome::Transient(format!("a store write failed after the handler returned: {m}"))
             }
             (Err(DataError::Unavailable(_)), outcome) => outcome,
@@ -82,9 +85,16 @@ mod tests {
             matches!(&retried, Outcome::Transient(m) if m.contains("after the handler returned") && m.contains("connection refused")),
             "{retried:?}"
         );
+        assert!(
+            matches!(
+                settle(vec![Err(down())], Outcome::Permanent("bad".into())).await,
+                Outcome::Transient(_)
+            ),
+            "a permanent failure whose write did not land is tried again, not dead-lettered without it"
+        );
         assert_eq!(
-            settle(vec![Err(down())], Outcome::Permanent("bad".into())).await,
-            Outcome::Permanent("bad".into())
+            settle(vec![Err(down())], Outcome::Trapped("oom".into())).await,
+            Outcome::Trapped("oom".into())
         );
         assert_eq!(settle(vec![Err(DataError::stale())], Outcome::Crashed).await, Outcome::Crashed);
     }

@@ -14,7 +14,7 @@
 //! `capabilities::writes`). Reads and unguarded writes go straight to the
 //! store.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -33,24 +33,35 @@ pub const IN_FLIGHT: usize = 2;
 
 struct Pending {
     write: Write,
+    /// Its place in the order writes were queued in.
+    seq: u64,
     reply: oneshot::Sender<Result<Written, DataError>>,
 }
 
 /// The keys with writes queued or committing. A key's writes commit in
 /// the order they were queued: a write of a key that a batch in flight is
-/// committing waits for the next batch. A `get` of a key with writes
-/// queued waits for them, so what one execution wrote (and was told was
-/// queued) is what the next one reads, as when every write committed
-/// before its handler went on.
+/// committing waits for the next batch. A `get` of a key waits for the
+/// writes of it queued before the `get` (not those queued after, so a
+/// busy key cannot starve a reader), so what one execution wrote (and was
+/// told was queued) is what the next one reads, as when every write
+/// committed before its handler went on.
 #[derive(Default)]
 struct Keys {
-    counts: Mutex<HashMap<(String, String), Count>>,
+    state: Mutex<KeysState>,
     changed: Notify,
 }
 
 #[derive(Default)]
-struct Count {
-    queued: usize,
+struct KeysState {
+    next: u64,
+    keys: HashMap<Key, KeyState>,
+}
+
+#[derive(Default)]
+struct KeyState {
+    /// Sequence numbers of its writes not yet answered.
+    pending: BTreeSet<u64>,
+    /// Of those, how many a batch in flight is committing.
     committing: usize,
 }
 
@@ -61,24 +72,29 @@ fn key_of(w: &Write) -> Key {
 }
 
 impl Keys {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Count>> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeysState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn queued(&self, w: &Write) {
-        self.lock().entry(key_of(w)).or_default().queued += 1;
+    /// A write of `w`'s key is queued: its sequence number.
+    fn queued(&self, w: &Write) -> u64 {
+        let mut state = self.lock();
+        let seq = state.next;
+        state.next += 1;
+        state.keys.entry(key_of(w)).or_default().pending.insert(seq);
+        seq
     }
 
     /// Take from `waiting`, in order, up to `max` writes whose key no batch
     /// in flight is committing; they are committing from now on.
     fn take_ready(&self, waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
-        let mut counts = self.lock();
+        let mut state = self.lock();
         let mut batch = Vec::new();
         let mut held = VecDeque::new();
         let mut blocked: HashSet<Key> = HashSet::new();
         while let Some(p) = waiting.pop_front() {
             let key = key_of(&p.write);
-            let busy = counts.get(&key).is_some_and(|c| c.committing > 0);
+            let busy = state.keys.get(&key).is_some_and(|k| k.committing > 0);
             if batch.len() >= max || busy || blocked.contains(&key) {
                 blocked.insert(key);
                 held.push_back(p);
@@ -87,41 +103,60 @@ impl Keys {
             }
         }
         for p in &batch {
-            counts.entry(key_of(&p.write)).or_default().committing += 1;
+            state.keys.entry(key_of(&p.write)).or_default().committing += 1;
         }
         *waiting = held;
         batch
     }
 
-    /// A batch's writes are answered.
-    fn done(&self, items: &[Write]) {
-        let mut counts = self.lock();
-        for w in items {
-            let key = key_of(w);
-            if let Some(c) = counts.get_mut(&key) {
-                c.queued -= 1;
-                c.committing -= 1;
-                if c.queued == 0 {
-                    counts.remove(&key);
+    /// These writes are answered.
+    fn done(&self, items: &[(Key, u64)]) {
+        let mut state = self.lock();
+        for (key, seq) in items {
+            if let Some(k) = state.keys.get_mut(key) {
+                k.pending.remove(seq);
+                k.committing = k.committing.saturating_sub(1);
+                if k.pending.is_empty() {
+                    state.keys.remove(key);
                 }
             }
         }
-        drop(counts);
+        drop(state);
         self.changed.notify_waiters();
     }
 
-    /// Wait until no write of the key is queued.
+    /// Wait until every write of the key queued before now is answered.
     async fn settled(&self, collection: &str, key: &str) {
         let key = (collection.to_string(), key.to_string());
+        let before = self.lock().next;
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if !self.lock().contains_key(&key) {
+            let waiting = self
+                .lock()
+                .keys
+                .get(&key)
+                .and_then(|k| k.pending.first().copied())
+                .is_some_and(|oldest| oldest < before);
+            if !waiting {
                 return;
             }
             changed.await;
         }
+    }
+}
+
+/// Marks a batch's writes answered when dropped, so a batch whose store
+/// call panicked does not leave its keys held for ever.
+struct Answered {
+    keys: Arc<Keys>,
+    items: Vec<(Key, u64)>,
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.keys.done(&self.items);
     }
 }
 
@@ -192,9 +227,15 @@ async fn gather(store: Arc<dyn DataStore>, keys: Arc<Keys>, mut rx: mpsc::Unboun
         let store = store.clone();
         let keys = keys.clone();
         tokio::spawn(async move {
+            let answered = Answered {
+                keys,
+                items: batch.iter().map(|p| (key_of(&p.write), p.seq)).collect(),
+            };
             let (items, replies): (Vec<Write>, Vec<_>) = batch.into_iter().map(|p| (p.write, p.reply)).unzip();
             let results = store.write_many(&items).await;
-            keys.done(&items);
+            // Answered before the replies: a caller that waits for its
+            // write and then reads the key must not wait for itself.
+            drop(answered);
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
@@ -255,16 +296,15 @@ impl DataStore for GroupCommit {
 
     async fn queue(&self, write: Write) -> Queued {
         let (reply, answer) = oneshot::channel();
-        self.keys.queued(&write);
-        match self.queue.send(Pending { write, reply }) {
+        let seq = self.keys.queued(&write);
+        match self.queue.send(Pending { write, seq, reply }) {
             Ok(()) => Queued::waiting(answer),
             // The batching task is gone (the runtime is shutting down):
             // write it directly.
             Err(unsent) => {
                 let write = unsent.0.write;
                 let result = self.inner.write_one(&write).await;
-                self.keys.lock().entry(key_of(&write)).or_default().committing += 1;
-                self.keys.done(std::slice::from_ref(&write));
+                self.keys.done(&[(key_of(&write), seq)]);
                 Queued::done(result)
             }
         }
