@@ -99,6 +99,21 @@ impl Env {
         self.config.data = postgres;
     }
 
+    /// Claims in the test Redis, data in the test Postgres, fenced by the
+    /// tokens the Redis claims hand out (as in examples/redis-postgres.toml).
+    pub fn use_redis_claims_postgres_data(&mut self) {
+        self.config.claims = idem_host::config::StoreConfig {
+            kind: idem_host::config::StoreKind::Redis,
+            url: Some(services::redis()),
+            ..Default::default()
+        };
+        self.config.data = idem_host::config::StoreConfig {
+            kind: idem_host::config::StoreKind::Postgres,
+            url: Some(services::postgres()),
+            ..Default::default()
+        };
+    }
+
     /// Start a pool with the environment's configuration.
     pub async fn start(&self) -> Pool {
         let pool = Pool::start(&self.config).await.expect("pool starts");

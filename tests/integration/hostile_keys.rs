@@ -16,29 +16,10 @@ async fn bad_keys_are_dead_lettered_alone(kind: StoreKind) {
     env.config.namespace = unique_namespace("keys");
     match kind {
         StoreKind::Sqlite => {}
-        StoreKind::Postgres => {
-            let pg = StoreConfig {
-                kind: StoreKind::Postgres,
-                url: Some(services::postgres()),
-                ..StoreConfig::default()
-            };
-            env.config.claims = pg.clone();
-            env.config.data = pg;
-        }
+        StoreKind::Postgres => env.use_postgres(16),
         // As in examples/redis-postgres.toml: data in Postgres, fenced by
         // the tokens the Redis claims hand out.
-        StoreKind::Redis => {
-            env.config.claims = StoreConfig {
-                kind: StoreKind::Redis,
-                url: Some(services::redis()),
-                ..StoreConfig::default()
-            };
-            env.config.data = StoreConfig {
-                kind: StoreKind::Postgres,
-                url: Some(services::postgres()),
-                ..StoreConfig::default()
-            };
-        }
+        StoreKind::Redis => env.use_redis_claims_postgres_data(),
     }
     let pool = Pool::start(&env.config).await.unwrap();
     // record-payment takes its key from /payment_id: one with a NUL, one of

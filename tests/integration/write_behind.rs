@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use idem_host::config::{StoreConfig, StoreKind};
 use serde_json::json;
 
 use crate::common::*;
@@ -49,16 +48,7 @@ async fn a_queued_write_refused_after_the_handler_returned_confirms_nothing() {
     let mut env = Env::new().await;
     let ns = unique_namespace("wb_refused");
     env.config.namespace = ns.clone();
-    env.config.claims = StoreConfig {
-        kind: StoreKind::Redis,
-        url: Some(services::redis()),
-        ..StoreConfig::default()
-    };
-    env.config.data = StoreConfig {
-        kind: StoreKind::Postgres,
-        url: Some(services::postgres()),
-        ..StoreConfig::default()
-    };
+    env.use_redis_claims_postgres_data();
     let pool = env.start().await;
     let pg = sqlx::PgPool::connect(&services::postgres()).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -197,3 +197,20 @@ pub async fn write_each<S: DataStore + ?Sized>(store: &S, items: &[Write]) -> Ve
     }
     out
 }
+
+/// A batch's answers, or, when its transaction failed as a whole (one bad
+/// item, a deadlock abort), the batch written one item at a time so each
+/// error lands on its own item only.
+pub async fn or_each<S: DataStore + ?Sized>(
+    store: &S,
+    items: &[Write],
+    batch: Result<Vec<Result<Written, DataError>>, sqlx::Error>,
+) -> Vec<Result<Written, DataError>> {
+    match batch {
+        Ok(results) => results,
+        Err(e) => {
+            tracing::debug!(error = %e, items = items.len(), "group commit failed; writing the batch item by item");
+            write_each(store, items).await
+        }
+    }
+}

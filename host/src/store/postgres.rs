@@ -301,16 +301,7 @@ impl DataStore for PgData {
     }
 
     async fn write_many(&self, items: &[Write]) -> Vec<Result<Written, DataError>> {
-        match self.write_batch(items).await {
-            Ok(results) => results,
-            Err(e) => {
-                // One bad item (or a deadlock abort) must not fail the
-                // others: write this batch one item at a time, so each error
-                // lands on its own item only.
-                tracing::debug!(error = %e, items = items.len(), "group commit failed; writing the batch item by item");
-                super::write_each(self, items).await
-            }
-        }
+        super::or_each(self, items, self.write_batch(items).await).await
     }
 
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {

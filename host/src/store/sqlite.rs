@@ -134,13 +134,7 @@ impl DataStore for SqliteData {
     }
 
     async fn write_many(&self, items: &[Write]) -> Vec<Result<Written, DataError>> {
-        match self.write_batch(items).await {
-            Ok(results) => results,
-            Err(e) => {
-                tracing::debug!(error = %e, items = items.len(), "group commit failed; writing the batch item by item");
-                super::write_each(self, items).await
-            }
-        }
+        super::or_each(self, items, self.write_batch(items).await).await
     }
 
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {
