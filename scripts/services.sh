@@ -78,7 +78,7 @@ sqs() {
   local root venv
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   venv="$root/target/tools/moto-venv"
-  if [ ! -x "$venv/bin/moto_server" ] || ! grep -qx "$MOTO" "$venv/pinned" 2>/dev/null; then
+  if [ ! -x "$venv/bin/moto_server" ] || ! grep -qxF "$MOTO" "$venv/pinned" 2>/dev/null; then
     echo "services: installing $MOTO into $venv"
     rm -rf "$venv"
     python3 -m venv "$venv"
@@ -97,7 +97,7 @@ kafka() {
   local root venv bin
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   venv="$root/target/tools/tansu-venv"
-  if ! grep -qx "$TANSU" "$venv/pinned" 2>/dev/null; then
+  if ! grep -qxF "$TANSU" "$venv/pinned" 2>/dev/null; then
     echo "services: installing $TANSU into $venv"
     rm -rf "$venv"
     python3 -m venv "$venv"
