@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config as WasmConfig, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config as WasmConfig, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::capabilities::{Capabilities, Execution, Grants};
 use crate::config::Limits;
@@ -107,6 +107,62 @@ impl Default for RuntimeOptions {
     }
 }
 
+/// How a pool slot's memory is reset between instances.
+#[derive(Clone, Copy)]
+enum Reset {
+    /// Scan for the pages written and copy back only those, keeping up to
+    /// 4 MiB resident per slot.
+    PageMapScan,
+    /// Reset the first 256 KiB with a memset and decommit the rest.
+    Prefix,
+}
+
+/// The engine's configuration: component model, epoch interruption and a
+/// pooling allocator sized for `max_instances` instances of `per`.
+fn engine_config(options: &RuntimeOptions, per: Footprint, reset: Reset) -> WasmConfig {
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(options.max_instances)
+        .total_core_instances(options.max_instances * per.core_instances)
+        .total_memories(options.max_instances * per.memories)
+        .total_tables(options.max_instances * per.tables)
+        .total_stacks(options.max_instances)
+        .max_memory_size(options.max_memory_bytes.max(4 << 20) as usize)
+        .max_memories_per_component(per.memories)
+        .max_tables_per_component(per.tables)
+        .max_core_instances_per_component(per.core_instances)
+        // A fresh instance per message: what it touched must be reset
+        // cheaply. Memory kept resident is reset by copying instead of
+        // madvise + page faults. Without the scan, 256 KiB covers a
+        // component built with a 128 KiB shadow stack (see
+        // .cargo/config.toml) plus its data and first heap pages.
+        // Decommits are batched so the TLB shootdowns they cost are paid
+        // once per 32 instances.
+        .table_keep_resident(16 << 10)
+        .async_stack_keep_resident(64 << 10)
+        .decommit_batch_size(32);
+    match reset {
+        Reset::PageMapScan => pool.pagemap_scan(Enabled::Yes).linear_memory_keep_resident(4 << 20),
+        Reset::Prefix => pool.linear_memory_keep_resident(256 << 10),
+    };
+    let mut config = WasmConfig::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        // A pre-initialised heap (a Python or JavaScript component is an
+        // interpreter whose heap was snapshotted at build time: megabytes
+        // of data segments) is mapped copy-on-write from the compiled
+        // image, not copied into each instance: an instance pays only
+        // for the pages it writes.
+        .memory_init_cow(true)
+        // wasmtime makes such an image only for a dense enough heap unless
+        // it is under this size; an interpreter's snapshot is sparse and
+        // can pass 16 MiB, and without an image every instance would copy
+        // it. No image can be larger than the memory limit.
+        .memory_guaranteed_dense_image_size(options.max_memory_bytes.max(16 << 20))
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
 /// The engine, the linker and the loaded plugins.
 pub struct Runtime {
     engine: Engine,
@@ -125,43 +181,18 @@ impl Runtime {
     /// the linker holding exactly the allowed world.
     pub fn new(options: RuntimeOptions) -> Result<Runtime> {
         let per = options.per_instance.max(Footprint::SMALL);
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(options.max_instances)
-            .total_core_instances(options.max_instances * per.core_instances)
-            .total_memories(options.max_instances * per.memories)
-            .total_tables(options.max_instances * per.tables)
-            .total_stacks(options.max_instances)
-            .max_memory_size(options.max_memory_bytes.max(4 << 20) as usize)
-            .max_memories_per_component(per.memories)
-            .max_tables_per_component(per.tables)
-            .max_core_instances_per_component(per.core_instances)
-            // A fresh instance per message: what it touched must be reset
-            // cheaply. Memory kept resident is reset with a memset instead of
-            // madvise + page faults; 256 KiB covers a component built with a
-            // 128 KiB shadow stack (see .cargo/config.toml) plus its data and
-            // first heap pages. Decommits are batched so the TLB shootdowns
-            // they cost are paid once per 32 instances.
-            .linear_memory_keep_resident(256 << 10)
-            .table_keep_resident(16 << 10)
-            .async_stack_keep_resident(64 << 10)
-            .decommit_batch_size(32);
-        let mut config = WasmConfig::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            // A pre-initialised heap (a Python or JavaScript component is an
-            // interpreter whose heap was snapshotted at build time: megabytes
-            // of data segments) is mapped copy-on-write from the compiled
-            // image, not copied into each instance: an instance pays only
-            // for the pages it writes.
-            .memory_init_cow(true)
-            // wasmtime makes such an image only for a dense enough heap unless
-            // it is under this size; an interpreter's snapshot is sparse and
-            // can pass 16 MiB, and without an image every instance would copy
-            // it. No image can be larger than the memory limit.
-            .memory_guaranteed_dense_image_size(options.max_memory_bytes.max(16 << 20))
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(|e| anyhow!("cannot create the WebAssembly engine: {e:#}"))?;
+        // With the kernel's page-map scan (Linux 6.7+) a slot's reset finds
+        // the pages the last instance wrote and copies them back from the
+        // image, keeping them resident: the next instance in that slot
+        // writes them without a page fault (an interpreter writes hundreds
+        // of pages of its snapshot per message). Without it, what is kept
+        // resident is reset whole, so only a little is.
+        let reset = if PoolingAllocationConfig::is_pagemap_scan_available() {
+            Reset::PageMapScan
+        } else {
+            Reset::Prefix
+        };
+        let engine = Engine::new(&engine_config(&options, per, reset)).map_err(|e| anyhow!("cannot create the WebAssembly engine: {e:#}"))?;
         let weak = engine.weak();
         std::thread::Builder::new()
             .name("idem-epoch".into())
