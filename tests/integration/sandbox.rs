@@ -168,6 +168,32 @@ async fn a_hostile_message_does_not_stop_the_pool() {
     pool.stop().await.unwrap();
 }
 
+/// G1's isolation between executions: every message gets a fresh
+/// instance, and a pool slot reused by the next message is reset first
+/// (written pages copied back from the image or decommitted), so nothing
+/// one message wrote to memory is seen by the next, in the data segment
+/// or beyond it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_message_sees_memory_an_earlier_one_wrote() {
+    let mut env = Env::new().await;
+    // One slot: each instance runs where the last one ran.
+    env.config.worker.concurrency = 1;
+    let pool = env.start().await;
+    let batch: Vec<_> = (0..40)
+        .map(|i| envelope(&format!("residue-{i}"), "hostile", json!({ "mode": "residue" })))
+        .collect();
+    pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    for i in 0..40 {
+        let key = format!("residue-{i}");
+        assert_eq!(state(&pool, "hostile", &key).await, Some("done"), "{key}");
+        let raw = pool.backends.data.get("hostile", &key).await.unwrap();
+        assert_eq!(raw.as_deref(), Some(&b"\"clean\""[..]), "{key}");
+    }
+    assert_eq!(pool.counters.snapshot().dead_lettered, 0);
+    pool.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_error_text_is_truncated() {
     let (reason, c) = attack("huge-result").await;

@@ -192,7 +192,8 @@ impl Runtime {
         } else {
             Reset::Prefix
         };
-        let engine = Engine::new(&engine_config(&options, per, reset)).map_err(|e| anyhow!("cannot create the WebAssembly engine: {e:#}"))?;
+        let engine =
+            Engine::new(&engine_config(&options, per, reset)).map_err(|e| anyhow!("cannot create the WebAssembly engine: {e:#}"))?;
         let weak = engine.weak();
         std::thread::Builder::new()
             .name("idem-epoch".into())

@@ -11,9 +11,12 @@
 //! `probe` records what the sandbox shows of time, randomness, environment,
 //! arguments and files (and asks to be retried once), `huge-result` returns a
 //! 2 MiB error, `huge-value` stores 2 MiB, `injection` writes SQL-looking
-//! collection names and keys; `ok` writes one granted value.
+//! collection names and keys, `residue` checks that nothing an earlier
+//! message wrote to its memory is left and then dirties it; `ok` writes one
+//! granted value.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_sdk::{effects, log, store, Message, Result};
@@ -57,6 +60,25 @@ fn probe(msg: &Message) -> Result<()> {
     if msg.attempt == 1 {
         return Err(idem_sdk::transient("probe once more, to compare"));
     }
+    Ok(())
+}
+
+/// A value in the data segment (part of the memory image) and 1 MiB of
+/// zeroed memory after it: what an earlier message's instance could leave
+/// behind if a pool slot were not reset.
+static MARK: AtomicU32 = AtomicU32::new(0x1de4);
+static SCRATCH: [AtomicU8; 1 << 20] = [const { AtomicU8::new(0) }; 1 << 20];
+
+/// Finds the memory as built, then dirties every page of it.
+fn residue(msg: &Message) -> Result<()> {
+    let mark = MARK.swap(0xdead, Relaxed);
+    let dirty = SCRATCH.iter().step_by(4096).filter(|b| b.swap(0xab, Relaxed) != 0).count();
+    if mark != 0x1de4 || dirty > 0 {
+        return Err(idem_sdk::permanent(format!(
+            "memory of an earlier message: mark {mark:#x}, {dirty} dirty pages"
+        )));
+    }
+    store::collection("hostile").upsert(&msg.key, &"clean")?;
     Ok(())
 }
 
@@ -115,6 +137,7 @@ fn handle(msg: Message) -> Result<()> {
             Ok(())
         }
         "probe" => probe(&msg),
+        "residue" => residue(&msg),
         "huge-result" => Err(idem_sdk::permanent("r".repeat(2 << 20))),
         "huge-value" => {
             store::collection("hostile").upsert_bytes(&msg.key, &vec![7u8; 2 << 20])?;
