@@ -198,6 +198,32 @@ async fn a_hostile_javascript_plugin_is_contained() {
     hostile_plugin_is_contained("hostile_js.wasm").await;
 }
 
+/// An interpreter's heap is a snapshot every instance starts from: a
+/// module-level list that one message fills is empty again for the next,
+/// though each runs in the pool slot the last one used (one slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interpreters_start_every_message_from_their_snapshot() {
+    let mut env = Env::new().await;
+    env.config.worker.concurrency = 1;
+    for (name, file) in [("hostile-py", "hostile_py.wasm"), ("hostile-js", "hostile_js.wasm")] {
+        env.config.plugins.insert(name.into(), plugin(file, &["hostile"], &[], None));
+    }
+    let pool = env.start().await;
+    let batch: Vec<_> = ["hostile-py", "hostile-js"]
+        .iter()
+        .flat_map(|p| (0..15).map(move |i| envelope(&format!("{p}-{i}"), p, json!({"mode": "residue"}))))
+        .collect();
+    pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    for e in &batch {
+        assert_eq!(state(&pool, &e.handler, &e.id).await, Some("done"), "{}", e.id);
+        let raw = pool.backends.data.get("hostile", &e.id).await.unwrap();
+        assert_eq!(raw.as_deref(), Some(&b"\"clean\""[..]), "{}", e.id);
+    }
+    assert_eq!(pool.counters.snapshot().dead_lettered, 0);
+    pool.stop().await.unwrap();
+}
+
 /// What a Python, JavaScript or Rust handler returns is stored with its
 /// claim when it is confirmed; a Rust handler returning `()` stores none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,7 +310,9 @@ fn newcomer(lang: &str, entry: &str) {
     assert!(source.contains("Hello, "), "{lang}: {source}");
     std::fs::write(dir.join(entry), source.replace("Hello, ", "Hi, ")).unwrap();
 
-    let out = idem(cwd, &["plugin", "build", "greet"]);
+    // The toolchains through a path relative to where the newcomer is.
+    std::os::unix::fs::symlink(repo().join("target/tools").canonicalize().unwrap(), cwd.join("tools")).unwrap();
+    let out = idem(cwd, &["plugin", "build", "greet", "--tools-dir", "tools"]);
     assert!(out.contains("loads and exports `handle`"), "{lang}: {out}");
     assert!(!out.contains("REFUSED"), "{lang}: {out}");
     let component = dir.join("build/greet.wasm");

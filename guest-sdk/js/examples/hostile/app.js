@@ -1,7 +1,11 @@
 // A hostile handler: what a broken or malicious JavaScript plugin could try.
 // Idem's tests run each mode and check that it is contained.
 
-import { collection, handler, info } from "./idem.js";
+import { Permanent, collection, handler, info } from "./idem.js";
+
+// What an earlier message's instance would leave here if its memory were not
+// reset: the "residue" mode checks it is empty, then fills it.
+const residue = [];
 
 export const handle = handler((msg) => {
   const { mode } = msg.json();
@@ -20,6 +24,12 @@ export const handle = handler((msg) => {
   if (mode === "huge-log") {
     const line = "x".repeat(16 * 1024);
     for (let i = 0; i < 300; i++) info(line);
+    return;
+  }
+  if (mode === "residue") {
+    if (residue.length) throw new Permanent(`memory of an earlier message: ${residue.length} entries`);
+    residue.push(new Uint8Array(1 << 20).fill(0xab));
+    collection("hostile").upsert(msg.key, "clean");
     return;
   }
   collection("hostile").upsert(msg.key, "ok");

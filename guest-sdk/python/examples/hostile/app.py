@@ -3,7 +3,11 @@
 Idem's tests run each mode and check that it is contained.
 """
 
-from idem import Message, WitWorld, collection, handler, info  # noqa: F401 (WitWorld is the export)
+from idem import Message, Permanent, WitWorld, collection, handler, info  # noqa: F401 (WitWorld is the export)
+
+# What an earlier message's instance would leave here if its memory were not
+# reset: the "residue" mode checks it is empty, then fills it.
+_residue: list = []
 
 
 @handler
@@ -26,5 +30,11 @@ def handle(msg: Message) -> None:
         line = "x" * (16 * 1024)
         for _ in range(300):
             info(line)
+        return
+    if mode == "residue":
+        if _residue:
+            raise Permanent(f"memory of an earlier message: {len(_residue)} entries")
+        _residue.append(bytearray(b"\xab" * (1 << 20)))
+        collection("hostile").upsert(msg.key, "clean")
         return
     collection("hostile").upsert(msg.key, "ok")

@@ -175,7 +175,8 @@ fn project_name(dir: &Path, lang: Lang) -> Result<String> {
 
 /// Build the project to a component; return its path.
 pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
-    let dir = &opts.dir;
+    // Absolute from here on: the toolchains run in directories of their own.
+    let dir = &absolute(&opts.dir)?;
     if !dir.is_dir() {
         bail!("{} is not a directory: pass the plugin project's directory", dir.display());
     }
@@ -184,20 +185,25 @@ pub fn build(opts: &BuildOptions) -> Result<PathBuf> {
         None => Lang::detect(dir)?,
     };
     let name = project_name(dir, lang)?;
-    let out = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| dir.join("build").join(format!("{}.wasm", name.replace('-', "_"))));
+    let out = match &opts.out {
+        Some(out) => absolute(out)?,
+        None => dir.join("build").join(format!("{}.wasm", name.replace('-', "_"))),
+    };
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     }
-    let tools = toolchain::tools_dir(opts.tools_dir.as_deref())?;
+    let tools = absolute(&toolchain::tools_dir(opts.tools_dir.as_deref())?)?;
     match lang {
         Lang::Rust => build_rust(dir, &out)?,
         Lang::Python => build_python(dir, &out, &tools)?,
         Lang::Js => build_js(dir, &out, &tools)?,
     }
     Ok(out)
+}
+
+/// `path` made absolute against the current directory.
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("cannot resolve {}", path.display()))
 }
 
 /// `cargo build --release --target wasm32-wasip2` with a 128 KiB stack;
