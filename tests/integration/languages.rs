@@ -200,7 +200,8 @@ async fn a_hostile_javascript_plugin_is_contained() {
 
 /// An interpreter's heap is a snapshot every instance starts from: a
 /// module-level list that one message fills is empty again for the next,
-/// though each runs in the pool slot the last one used (one slot).
+/// though most run in a pool slot an earlier one used (one handler slot,
+/// more messages than the pool's decommit batch of 32).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interpreters_start_every_message_from_their_snapshot() {
     let mut env = Env::new().await;
@@ -211,7 +212,7 @@ async fn interpreters_start_every_message_from_their_snapshot() {
     let pool = env.start().await;
     let batch: Vec<_> = ["hostile-py", "hostile-js"]
         .iter()
-        .flat_map(|p| (0..15).map(move |i| envelope(&format!("{p}-{i}"), p, json!({"mode": "residue"}))))
+        .flat_map(|p| (0..50).map(move |i| envelope(&format!("{p}-{i}"), p, json!({"mode": "residue"}))))
         .collect();
     pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
     drain(&pool).await;

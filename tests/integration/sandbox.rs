@@ -176,15 +176,17 @@ async fn a_hostile_message_does_not_stop_the_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_message_sees_memory_an_earlier_one_wrote() {
     let mut env = Env::new().await;
-    // One slot: each instance runs where the last one ran.
+    // One handler slot, and more messages than the pool's decommit batch
+    // (32 freed slots are reset together before any is reused), so most
+    // instances run in a slot an earlier one used.
     env.config.worker.concurrency = 1;
     let pool = env.start().await;
-    let batch: Vec<_> = (0..40)
+    let batch: Vec<_> = (0..100)
         .map(|i| envelope(&format!("residue-{i}"), "hostile", json!({ "mode": "residue" })))
         .collect();
     pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
     drain(&pool).await;
-    for i in 0..40 {
+    for i in 0..100 {
         let key = format!("residue-{i}");
         assert_eq!(state(&pool, "hostile", &key).await, Some("done"), "{key}");
         let raw = pool.backends.data.get("hostile", &key).await.unwrap();
