@@ -102,14 +102,10 @@ impl Env {
     /// Claims in the test Redis, data in the test Postgres, fenced by the
     /// tokens the Redis claims hand out (as in examples/redis-postgres.toml).
     pub fn use_redis_claims_postgres_data(&mut self) {
+        self.use_postgres(idem_host::config::StoreConfig::default().max_connections);
         self.config.claims = idem_host::config::StoreConfig {
             kind: idem_host::config::StoreKind::Redis,
             url: Some(services::redis()),
-            ..Default::default()
-        };
-        self.config.data = idem_host::config::StoreConfig {
-            kind: idem_host::config::StoreKind::Postgres,
-            url: Some(services::postgres()),
             ..Default::default()
         };
     }
