@@ -65,14 +65,16 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
 
 /// A runtime for compiling and checking components only.
 pub fn inspection_runtime() -> Result<Arc<Runtime>> {
-    inspection_runtime_for(Footprint::SMALL)
+    inspection_runtime_with(Footprint::SMALL, None)
 }
 
-/// A runtime for compiling and checking components as large as `per_instance`.
-pub fn inspection_runtime_for(per_instance: Footprint) -> Result<Arc<Runtime>> {
+/// A runtime for compiling and checking components as large as
+/// `per_instance`, keeping compiled components in `compile_cache`.
+pub fn inspection_runtime_with(per_instance: Footprint, compile_cache: Option<std::path::PathBuf>) -> Result<Arc<Runtime>> {
     Ok(Arc::new(Runtime::new(RuntimeOptions {
         max_instances: 2,
         per_instance,
+        compile_cache,
         ..Default::default()
     })?))
 }

@@ -393,3 +393,37 @@ async fn a_component_built_against_the_first_world_still_runs_without_a_result()
     assert_eq!(pool.counters.snapshot().done, 5);
     pool.stop().await.unwrap();
 }
+
+/// `idem plugin check --compile-cache DIR` (and `plugin build`, which runs
+/// it) leaves the compiled component where a worker with the same
+/// `worker.compile_cache_dir` finds it: the worker compiles it no second
+/// time (an 18 MB Python component takes many seconds to compile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_check_leaves_the_compiled_component_for_the_worker() {
+    use sha2::Digest;
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().join("compiled");
+    let path = plugin_dir().join("poison.wasm");
+    let digest = hex::encode(sha2::Sha256::digest(std::fs::read(&path).unwrap()));
+    let entries = || -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    };
+    let (ok, out, err) = idem(&["plugin", "check", "--compile-cache", dir.to_str().unwrap(), path.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let after_check = entries();
+    assert_eq!(after_check.len(), 1, "{after_check:?}");
+    assert!(after_check[0].starts_with(&digest), "{after_check:?} is not named by {digest}");
+
+    // A pool of the test deployment (every example plugin, its own limits)
+    // on that directory compiles the others and reads poison's entry.
+    let mut env = Env::new().await;
+    env.config.worker.compile_cache_dir = Some(dir.clone());
+    let pool = env.start().await;
+    pool.stop().await.unwrap();
+    let after_start = entries();
+    let poison: Vec<_> = after_start.iter().filter(|e| e.starts_with(&digest)).collect();
+    assert_eq!(poison, vec![&after_check[0]], "the pool compiled poison again: {after_start:?}");
+    assert!(after_start.len() > 1, "the pool compiled nothing else: {after_start:?}");
+}

@@ -65,7 +65,11 @@ pub(super) fn build_guest_plugins(root: &Path, idem: &Path, out: &Path) -> Resul
                 .arg("--out")
                 .arg(&target)
                 .arg("--tools-dir")
-                .arg(&tools);
+                .arg(&tools)
+                // The check compiles the component: keep it where the demo,
+                // the chaos runs and the tests load compiled plugins from.
+                .arg("--compile-cache")
+                .arg(out.join(".compiled"));
             builds.push(cmd);
         }
     }

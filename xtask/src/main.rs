@@ -27,6 +27,26 @@ fn main() {
 }
 
 fn try_main() -> Result<()> {
+    // `cargo run` describes xtask's own package to it in CARGO_PKG_* and
+    // CARGO_MANIFEST_*. Build scripts that watch those names (ring's, and
+    // with it everything over TLS) would see them change between a cargo
+    // started here and one started from a shell, and rebuild each time.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        if name.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+            ]
+            .contains(&name.as_str())
+        {
+            std::env::remove_var(&name);
+        }
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (task, rest) = args
         .split_first()

@@ -39,11 +39,15 @@ pub enum PluginCommand {
         /// ~/.cache/idem/tools).
         #[arg(long)]
         tools_dir: Option<PathBuf>,
+        #[command(flatten)]
+        cache: CompileCacheArg,
     },
     /// Compile a component and list its imports; refuse disallowed ones.
     Check {
         /// The component file.
         file: PathBuf,
+        #[command(flatten)]
+        cache: CompileCacheArg,
     },
     /// Record the configuration's `key_pointer` of a plugin as the one its
     /// keys are derived with in this namespace. Run it after changing the
@@ -68,10 +72,20 @@ pub enum PluginCommand {
     },
 }
 
+/// Where `plugin build` and `plugin check` keep the compiled component.
+#[derive(clap::Args)]
+pub struct CompileCacheArg {
+    /// Keep the compiled component in this directory, so a worker whose
+    /// `worker.compile_cache_dir` is the same directory (and whose engine
+    /// settings match) loads it without compiling it again.
+    #[arg(long, value_name = "DIR")]
+    compile_cache: Option<PathBuf>,
+}
+
 /// Run one `idem plugin` subcommand.
 pub async fn main(cmd: PluginCommand) -> Result<ExitCode> {
     match cmd {
-        PluginCommand::Check { file } => plugin_check(&file),
+        PluginCommand::Check { file, cache } => plugin_check(&file, &cache),
         PluginCommand::New { dir, lang } => {
             sdk::new_plugin(&dir, lang)?;
             println!(
@@ -81,9 +95,15 @@ pub async fn main(cmd: PluginCommand) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        PluginCommand::Build { dir, lang, out, tools_dir } => {
+        PluginCommand::Build {
+            dir,
+            lang,
+            out,
+            tools_dir,
+            cache,
+        } => {
             let out = sdk::build(&sdk::BuildOptions { dir, lang, out, tools_dir })?;
-            plugin_check(&out)
+            plugin_check(&out, &cache)
         }
         PluginCommand::List { config, url, json } => plugin_list(&config, url, json).await,
         PluginCommand::Rekey { name, config } => plugin_rekey(&name, &config).await,
@@ -147,7 +167,7 @@ async fn plugin_rekey(name: &str, config: &ConfigArg) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn plugin_check(file: &Path) -> Result<ExitCode> {
-    let report = sdk::check(file)?;
+fn plugin_check(file: &Path, cache: &CompileCacheArg) -> Result<ExitCode> {
+    let report = sdk::check(file, cache.compile_cache.as_deref())?;
     Ok(if report.print(file) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

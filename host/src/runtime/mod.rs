@@ -163,6 +163,12 @@ fn engine_config(options: &RuntimeOptions, per: Footprint, reset: Reset) -> Wasm
     config
 }
 
+/// A compiled component and what one instance of it takes.
+pub struct Compiled {
+    pub component: Component,
+    pub footprint: Footprint,
+}
+
 /// The engine, the linker and the loaded plugins.
 pub struct Runtime {
     engine: Engine,
@@ -250,7 +256,13 @@ impl Runtime {
         limits: Limits,
         key_pointer: Option<String>,
     ) -> Result<Arc<Plugin>> {
-        let version = version_of(bytes);
+        let compiled = self.component(name, bytes)?;
+        self.prepare(name, bytes, &compiled, grants, limits, key_pointer)
+    }
+
+    /// The compiled component for `bytes` (from the compile cache when it
+    /// holds it) and what one instance of it takes, if it fits the pool.
+    pub fn component(&self, name: &str, bytes: &[u8]) -> Result<Compiled> {
         let footprint = Footprint::of(bytes).map_err(|e| {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `idem plugin build` or `cargo build --target wasm32-wasip2` against idem-sdk")
         })?;
@@ -278,14 +290,30 @@ impl Runtime {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2` against idem-sdk")
         })?;
         tracing::debug!(plugin = %name, cached, ms = started.elapsed().as_millis() as u64, "component ready");
-        let imports = world::component_imports(&self.engine, &component);
+        Ok(Compiled { component, footprint })
+    }
+
+    /// Check a compiled component's imports and exports and pre-link it as
+    /// plugin `name`.
+    pub fn prepare(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        compiled: &Compiled,
+        grants: Grants,
+        limits: Limits,
+        key_pointer: Option<String>,
+    ) -> Result<Arc<Plugin>> {
+        let Compiled { component, footprint } = compiled;
+        let version = version_of(bytes);
+        let imports = world::component_imports(&self.engine, component);
         let refused: Vec<String> = imports.iter().filter(|i| !import_allowed(i)).map(|i| world::refusal(i)).collect();
         if !refused.is_empty() {
             bail!("plugin {name} refused: it {}", refused.join("; it "));
         }
         let pre = self
             .linker
-            .instantiate_pre(&component)
+            .instantiate_pre(component)
             .map_err(|e| anyhow!("plugin {name} cannot be linked: {e:#}"))?;
         let pre = Pre::new(pre).map_err(|e| {
             anyhow!("plugin {name} does not export the idem:handler world's `handle` function ({e:#}); export it with idem_sdk::handler!")
@@ -306,7 +334,7 @@ impl Runtime {
                 imports,
                 loaded_at: crate::now_ms(),
             }),
-            code: Code::Wasm(pre, footprint),
+            code: Code::Wasm(pre, *footprint),
         }))
     }
 

@@ -342,28 +342,30 @@ pub struct CheckReport {
     pub loaded: Result<(String, &'static str), String>,
 }
 
-/// Compile `file` as Idem would load it and list its imports.
-pub fn check(file: &Path) -> Result<CheckReport> {
+/// Compile `file` as Idem would load it and list its imports. With a
+/// `compile_cache` directory, the compiled component is kept there (or taken
+/// from there), as a worker whose `worker.compile_cache_dir` names it does.
+pub fn check(file: &Path, compile_cache: Option<&Path>) -> Result<CheckReport> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let footprint = Footprint::of(&bytes).unwrap_or(Footprint::SMALL);
-    let runtime = crate::app::inspection_runtime_for(footprint)?;
-    let engine = runtime.engine().clone();
-    let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| {
+    let runtime = crate::app::inspection_runtime_with(footprint, compile_cache.map(Path::to_path_buf))?;
+    let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").replace('_', "-");
+    let compiled = runtime.component(&name, &bytes).map_err(|e| {
         anyhow::anyhow!(
             "{} is not a valid WebAssembly component ({e:#}); build it with `idem plugin build DIR`",
             file.display()
         )
     })?;
-    let imports = crate::runtime::component_imports(&engine, &component)
+    let engine = runtime.engine();
+    let imports = crate::runtime::component_imports(engine, &compiled.component)
         .into_iter()
         .map(|i| {
             let ok = crate::runtime::import_allowed(&i);
             (i, ok)
         })
         .collect();
-    let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").replace('_', "-");
     let loaded = runtime
-        .compile_blocking(&name, &bytes, Grants::default(), Default::default(), None)
+        .prepare(&name, &bytes, &compiled, Grants::default(), Default::default(), None)
         .map(|p| (p.version.to_string(), p.world()))
         .map_err(|e| format!("{e:#}"));
     Ok(CheckReport {
