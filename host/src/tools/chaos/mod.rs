@@ -62,6 +62,10 @@ pub struct ChaosArgs {
     /// Give up if the queue has not drained after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout_secs: u64,
+    /// Inject faults for at most this many seconds (they also stop once
+    /// 90% of the messages have settled); then the run must drain.
+    #[arg(long, default_value_t = 120)]
+    pub fault_secs: u64,
     /// The language of the demo's plugins (see `idem demo --lang`).
     #[arg(long, value_enum, default_value_t = Lang::Rust)]
     pub lang: Lang,
@@ -259,6 +263,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     let messages = schedule.messages();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
     let mut next_fault = Instant::now() + Duration::from_millis(rng.random_range(800..2_000));
+    let faults_until = Instant::now() + Duration::from_secs(args.fault_secs);
     loop {
         if let Some(why) = workers.exited() {
             workers.stop_all();
@@ -266,12 +271,16 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
         }
         let counts = backends.admin.counts().await.ok();
         let settled = counts.as_ref().map(|c| c.done + c.dead).unwrap_or(0);
-        // Faults until 90% has settled (and at least MIN_KILLS kills), so
-        // that the run ends with every worker up.
-        let faulting = settled < messages * 9 / 10 || report.kills < MIN_KILLS;
+        // Faults until 90% has settled or the fault window has passed (and
+        // at least MIN_KILLS kills), so that the run ends with every worker
+        // up. The window matters where crashes can stop all progress: a
+        // Kafka group hands a killed member's partitions on only after its
+        // session timeout, so kills every second or two keep it rebalancing.
+        let window = settled < messages * 9 / 10 && Instant::now() < faults_until;
+        let faulting = window || report.kills < MIN_KILLS;
         if faulting && settled < messages && Instant::now() >= next_fault {
             let mut menu = vec![Fault::Kill, Fault::Kill];
-            if report.kills >= MIN_KILLS || settled < messages * 9 / 10 {
+            if window {
                 if redis.is_some() {
                     menu.push(Fault::RedisRestart);
                 }
