@@ -131,6 +131,35 @@ pub struct ChaosReport {
 /// Kills per run at least, whatever the size.
 const MIN_KILLS: u64 = 3;
 
+/// Which faults a run still injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Any fault the deployment has.
+    AnyFault,
+    /// Worker kills only, until there have been MIN_KILLS.
+    KillsOnly,
+    /// None: the run drains.
+    Over,
+}
+
+impl Phase {
+    /// Faults go on until 90% has settled or the fault window has passed,
+    /// and then kills until there have been MIN_KILLS, so that the run ends
+    /// with every worker up. The window matters where crashes can stop all
+    /// progress: a Kafka group hands a killed member's partitions on only
+    /// after its session timeout, so kills every second or two keep it
+    /// rebalancing and 90% would never settle.
+    fn at(settled: u64, messages: u64, kills: u64, in_window: bool) -> Phase {
+        if in_window && settled < messages * 9 / 10 {
+            Phase::AnyFault
+        } else if kills < MIN_KILLS {
+            Phase::KillsOnly
+        } else {
+            Phase::Over
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Fault {
     Kill,
@@ -271,16 +300,10 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
         }
         let counts = backends.admin.counts().await.ok();
         let settled = counts.as_ref().map(|c| c.done + c.dead).unwrap_or(0);
-        // Faults until 90% has settled or the fault window has passed (and
-        // at least MIN_KILLS kills), so that the run ends with every worker
-        // up. The window matters where crashes can stop all progress: a
-        // Kafka group hands a killed member's partitions on only after its
-        // session timeout, so kills every second or two keep it rebalancing.
-        let window = settled < messages * 9 / 10 && Instant::now() < faults_until;
-        let faulting = window || report.kills < MIN_KILLS;
-        if faulting && settled < messages && Instant::now() >= next_fault {
+        let phase = Phase::at(settled, messages, report.kills, Instant::now() < faults_until);
+        if phase != Phase::Over && settled < messages && Instant::now() >= next_fault {
             let mut menu = vec![Fault::Kill, Fault::Kill];
-            if window {
+            if phase == Phase::AnyFault {
                 if redis.is_some() {
                     menu.push(Fault::RedisRestart);
                 }
@@ -420,4 +443,25 @@ pub async fn main(args: ChaosArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     }
     Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Phase, MIN_KILLS};
+
+    #[test]
+    fn faults_stop_at_ninety_percent_or_at_the_end_of_the_window() {
+        assert_eq!(Phase::at(0, 2_000, 10, true), Phase::AnyFault);
+        assert_eq!(Phase::at(1_799, 2_000, 10, true), Phase::AnyFault);
+        assert_eq!(Phase::at(1_800, 2_000, 10, true), Phase::Over);
+        // Seed 108's Kafka run: little settled, the window over.
+        assert_eq!(Phase::at(1_279, 2_000, 78, false), Phase::Over);
+    }
+
+    #[test]
+    fn a_run_has_its_minimum_kills_whatever_settles() {
+        assert_eq!(Phase::at(2_000, 2_000, 0, true), Phase::KillsOnly);
+        assert_eq!(Phase::at(10, 2_000, MIN_KILLS - 1, false), Phase::KillsOnly);
+        assert_eq!(Phase::at(10, 2_000, MIN_KILLS, false), Phase::Over);
+    }
 }
