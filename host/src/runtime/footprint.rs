@@ -46,7 +46,7 @@ impl Footprint {
             tables: 0,
         };
         for payload in Parser::new(0).parse_all(component) {
-            match payload.context("not a valid WebAssembly component")? {
+            match payload.context("its sections cannot be read")? {
                 Payload::InstanceSection(reader) => {
                     for instance in reader {
                         if let Instance::Instantiate { .. } = instance? {

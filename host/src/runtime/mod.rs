@@ -263,9 +263,10 @@ impl Runtime {
     /// The compiled component for `bytes` (from the compile cache when it
     /// holds it) and what one instance of it takes, if it fits the pool.
     pub fn component(&self, name: &str, bytes: &[u8]) -> Result<Compiled> {
-        let footprint = Footprint::of(bytes).map_err(|e| {
+        let invalid = |e: anyhow::Error| {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `idem plugin build` or `cargo build --target wasm32-wasip2` against idem-sdk")
-        })?;
+        };
+        let footprint = Footprint::of(bytes).map_err(invalid)?;
         if !footprint.fits(self.per_instance) {
             bail!(
                 "plugin {name}: one instance needs {} core instances, {} memories and {} tables, more than this process sized its instance pool for ({}, {}, {}); restart the pool so it sizes the pool for the new component",
@@ -286,9 +287,7 @@ impl Runtime {
                 .map(|c| (c, false))
                 .map_err(|e| anyhow!("{e:#}")),
         };
-        let (component, cached) = compiled.map_err(|e| {
-            anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `cargo build --target wasm32-wasip2` against idem-sdk")
-        })?;
+        let (component, cached) = compiled.map_err(invalid)?;
         tracing::debug!(plugin = %name, cached, ms = started.elapsed().as_millis() as u64, "component ready");
         Ok(Compiled { component, footprint })
     }

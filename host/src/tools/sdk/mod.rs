@@ -350,12 +350,9 @@ pub fn check(file: &Path, compile_cache: Option<&Path>) -> Result<CheckReport> {
     let footprint = Footprint::of(&bytes).unwrap_or(Footprint::SMALL);
     let runtime = crate::app::inspection_runtime_with(footprint, compile_cache.map(Path::to_path_buf))?;
     let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plugin").replace('_', "-");
-    let compiled = runtime.component(&name, &bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{} is not a valid WebAssembly component ({e:#}); build it with `idem plugin build DIR`",
-            file.display()
-        )
-    })?;
+    let compiled = runtime
+        .component(&name, &bytes)
+        .with_context(|| format!("{} cannot be loaded", file.display()))?;
     let engine = runtime.engine();
     let imports = crate::runtime::component_imports(engine, &compiled.component)
         .into_iter()
