@@ -24,6 +24,7 @@ pub mod hooks;
 pub mod message_file;
 pub mod observe;
 pub mod plugin;
+pub mod prefork;
 pub mod reload;
 pub mod retention;
 pub mod runtime;

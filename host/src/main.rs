@@ -1,5 +1,6 @@
 //! `idem`: the command line.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -7,11 +8,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use idem_host::config::Config;
+use idem_host::config::{Config, Processes};
 use idem_host::envelope::Envelope;
 use idem_host::reload::Reloader;
 use idem_host::tools::{bench, chaos, demo, kit, verify};
-use idem_host::{app, console, observe};
+use idem_host::{app, console, observe, prefork};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
@@ -85,9 +86,15 @@ struct RunArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// Serve /metrics, /healthz, /readyz and /plugins on this address
-    /// (overrides http.listen), e.g. 127.0.0.1:9464.
+    /// (overrides http.listen), e.g. 127.0.0.1:9464. With several
+    /// processes, process K serves on the port + K.
     #[arg(long)]
     listen: Option<String>,
+    /// Worker processes to start, each pinned to its own CPU and restarted
+    /// if it dies: a number or `auto`, one per CPU (overrides
+    /// worker.processes).
+    #[arg(long)]
+    processes: Option<Processes>,
 }
 
 #[derive(Args)]
@@ -208,7 +215,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    match runtime.block_on(dispatch(cli.command, cli.log_format)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -221,17 +228,52 @@ fn init_tracing(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default_level},sqlx=warn,wasmtime=warn,cranelift=warn")));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    match (format, prefork::supervised()) {
+        (LogFormat::Human, None) => builder.init(),
+        // One of several worker processes writing to the same log.
+        (LogFormat::Human, Some(index)) => builder
+            .event_format(Tagged {
+                tag: format!("[process {index}] "),
+                inner: tracing_subscriber::fmt::format::Format::default(),
+            })
+            .init(),
+        (LogFormat::Json, _) => builder.json().init(),
     }
 }
 
-async fn dispatch(command: Command) -> Result<ExitCode> {
+/// Human log lines prefixed with a tag.
+struct Tagged<F> {
+    tag: String,
+    inner: F,
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for Tagged<F>
+where
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        writer.write_str(&self.tag)?;
+        self.inner.format_event(ctx, writer, event)
+    }
+}
+
+async fn dispatch(command: Command, log_format: LogFormat) -> Result<ExitCode> {
     match command {
         Command::Run(r) => {
             let config = r.config.load()?;
-            run(config, r.config.config.clone(), r.listen).await?;
+            let processes = r.processes.unwrap_or(config.worker.processes).count();
+            if processes > 1 && prefork::supervised().is_none() {
+                supervise(config, processes, r, log_format).await?;
+            } else {
+                run(config, r.config.config.clone(), r.listen).await?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Publish(p) => {
@@ -400,10 +442,22 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
         concurrency = config.worker.concurrency,
         "idem worker running"
     );
+    prefork::ready();
     let shutdown = pool.shutdown.clone();
     let grace = config.worker.shutdown_grace_ms;
+    // A supervised process also drains when its supervisor dies; the
+    // kernel may send that signal more than once, and repeats are ignored.
+    let mut orphaned = match prefork::supervised() {
+        Some(_) => Some(signal(SignalKind::from_raw(prefork::ORPHANED)).context("cannot install the orphan signal handler")?),
+        None => None,
+    };
     tokio::spawn(async move {
-        wait_for_signal().await;
+        tokio::select! {
+            _ = wait_for_signal() => {}
+            Some(_) = async { orphaned.as_mut()?.recv().await } => {
+                tracing::warn!("the supervisor is gone");
+            }
+        }
         tracing::info!(grace_ms = grace, "shutting down: no new deliveries; waiting for running handlers");
         shutdown.cancel();
         wait_for_signal().await;
@@ -416,6 +470,35 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
         tracing::info!("stopped cleanly");
     }
     result
+}
+
+/// `worker.processes` > 1: start and supervise that many `idem run`s.
+async fn supervise(config: Config, processes: usize, r: RunArgs, log_format: LogFormat) -> Result<()> {
+    let Some(path) = r.config.config.clone() else {
+        bail!("worker.processes needs a configuration file: pass --config FILE");
+    };
+    let format = match log_format {
+        LogFormat::Human => "human",
+        LogFormat::Json => "json",
+    };
+    let plan = prefork::Plan {
+        processes,
+        pin: config.worker.pin,
+        program: std::env::current_exe().context("cannot find the idem binary to start its worker processes")?,
+        args: ["--log-format", format, "run", "--config"]
+            .map(OsString::from)
+            .into_iter()
+            .chain([path.into_os_string()])
+            .collect(),
+        listen: r.listen.or_else(|| config.http.listen.clone()),
+    };
+    tracing::info!(
+        processes,
+        pin = config.worker.pin,
+        concurrency = config.worker.concurrency,
+        "starting worker processes"
+    );
+    prefork::supervise(plan).await
 }
 
 async fn serve_console(args: ConsoleArgs) -> Result<ExitCode> {

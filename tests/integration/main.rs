@@ -25,5 +25,6 @@ mod languages;
 mod operating;
 mod outage;
 mod pool;
+mod prefork;
 mod sandbox;
 mod write_behind;

@@ -55,6 +55,9 @@ impl Config {
                 .parse()
                 .with_context(|| format!("IDEM_WORKER_CONCURRENCY={v:?} is not a number"))?;
         }
+        if let Ok(v) = std::env::var("IDEM_WORKER_PROCESSES") {
+            self.worker.processes = v.parse().map_err(|e: String| anyhow::anyhow!("IDEM_WORKER_PROCESSES: {e}"))?;
+        }
         Ok(())
     }
 
@@ -131,6 +134,9 @@ impl Config {
         }
         if self.worker.batch_size == 0 {
             bail!("worker.batch_size must be at least 1");
+        }
+        if self.worker.processes.count() == 0 {
+            bail!("worker.processes must be at least 1, or \"auto\" for one per CPU");
         }
         if self.worker.heartbeat() >= self.worker.lease() && self.worker.heartbeat_ms.is_some() {
             tracing::warn!(

@@ -26,7 +26,6 @@
 //! same stream (`redis_loop`, reported as `redis-loop`): what the
 //! idempotency machinery costs over the broker alone.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -48,9 +47,12 @@ use crate::worker::WorkerOptions;
 mod baseline;
 mod kafka_loop;
 mod process;
+mod processes;
 mod redis_loop;
+mod report;
 
 use self::process::{cpu_seconds, peak_rss_kib, reset_peak_rss};
+use self::report::{print_table, summarize};
 
 /// The header carrying a latency message's publish time (µs since the epoch).
 const PUBLISHED_AT: &str = "bench-published-us";
@@ -118,6 +120,11 @@ pub struct BenchArgs {
     /// native twin; reported as `wasm` (Rust), `python` and `js`.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "rust")]
     pub lang: Vec<Lang>,
+    /// Run each component's pool as `idem run` with this many pinned
+    /// worker processes (worker.processes), --concurrency divided among
+    /// them; needs --handler wasm, and measures no latency.
+    #[arg(long, default_value_t = 1)]
+    pub processes: usize,
     /// Messages in the paced latency phase (0 to skip it).
     #[arg(long, default_value_t = 1_000)]
     pub latency_messages: usize,
@@ -199,8 +206,10 @@ pub struct Summary {
 pub struct BenchReport {
     /// Messages per run.
     pub messages: usize,
-    /// Concurrency.
+    /// Concurrency (handler slots in all).
     pub concurrency: usize,
+    /// Worker processes the slots were divided among.
+    pub processes: usize,
     /// Every run, in the order run.
     pub runs: Vec<RunFigures>,
     /// Medians.
@@ -219,6 +228,16 @@ pub async fn main(args: BenchArgs) -> Result<ExitCode> {
 
 /// Run every scenario `runs` times, alternating handlers.
 pub async fn run(args: &BenchArgs) -> Result<BenchReport> {
+    if args.processes == 0 || !args.concurrency.is_multiple_of(args.processes) {
+        anyhow::bail!(
+            "--concurrency {} cannot be divided among --processes {}: give a multiple of it",
+            args.concurrency,
+            args.processes
+        );
+    }
+    if args.processes > 1 && args.handler != HandlerChoice::Wasm {
+        anyhow::bail!("--processes runs the pool as `idem run`, which loads components only: add --handler wasm");
+    }
     let mut handlers: Vec<&'static str> = Vec::new();
     if args.handler != HandlerChoice::Native {
         let mut langs = args.lang.clone();
@@ -275,65 +294,10 @@ pub async fn run(args: &BenchArgs) -> Result<BenchReport> {
     Ok(BenchReport {
         messages: args.messages,
         concurrency: args.concurrency,
+        processes: args.processes,
         runs,
         summary,
     })
-}
-
-fn summarize(runs: &[RunFigures]) -> Vec<Summary> {
-    let mut groups: BTreeMap<(Scenario, &'static str), Vec<&RunFigures>> = BTreeMap::new();
-    for r in runs {
-        groups.entry((r.scenario, r.handler)).or_default().push(r);
-    }
-    let median = |v: Vec<f64>| percentile(v, 0.5);
-    let mut out: Vec<Summary> = groups
-        .iter()
-        .map(|((scenario, handler), rs)| Summary {
-            scenario: *scenario,
-            handler,
-            runs: rs.len(),
-            rate: median(rs.iter().map(|r| r.rate).collect()),
-            p50_ms: median(rs.iter().map(|r| r.p50_ms).collect()),
-            p99_ms: median(rs.iter().map(|r| r.p99_ms).collect()),
-            cpu_s_per_1k: median(rs.iter().map(|r| r.cpu_s_per_1k).collect()),
-            peak_rss_mib: rs.iter().map(|r| r.peak_rss_mib).fold(0.0, f64::max),
-            wasm_over_native: None,
-        })
-        .collect();
-    let natives: BTreeMap<Scenario, f64> = out.iter().filter(|s| s.handler == "native").map(|s| (s.scenario, s.rate)).collect();
-    for s in out.iter_mut().filter(|s| matches!(s.handler, "wasm" | "python" | "js")) {
-        s.wasm_over_native = natives.get(&s.scenario).map(|n| s.rate / n);
-    }
-    out
-}
-
-fn print_table(report: &BenchReport) {
-    let mut table = comfy_table::Table::new();
-    table.set_header(vec![
-        "scenario",
-        "handler",
-        "runs",
-        "msg/s (median)",
-        "p50 ms",
-        "p99 ms",
-        "CPU s / 1k msgs",
-        "peak RSS MiB",
-        "component / native",
-    ]);
-    for s in &report.summary {
-        table.add_row(vec![
-            format!("{:?}", s.scenario).to_lowercase(),
-            s.handler.to_string(),
-            s.runs.to_string(),
-            format!("{:.0}", s.rate),
-            format!("{:.2}", s.p50_ms),
-            format!("{:.2}", s.p99_ms),
-            format!("{:.3}", s.cpu_s_per_1k),
-            format!("{:.0}", s.peak_rss_mib),
-            s.wasm_over_native.map(|r| format!("{r:.3}")).unwrap_or_default(),
-        ]);
-    }
-    println!("{table}");
 }
 
 /// The deployment of a scenario, in a fresh namespace.
@@ -424,7 +388,11 @@ async fn one_run(args: &BenchArgs, scenario: Scenario, handler: &'static str) ->
     let config = scenario_config(args, scenario, handler, dir.path());
     let (plugin, _, _) = plugin_of(scenario);
     crate::tools::chaos::prepare_broker(&config).await?;
-    let result = measure(args, &config, scenario, plugin, handler).await;
+    let result = if args.processes > 1 {
+        processes::measure(args, &config, dir.path(), scenario, plugin, handler).await
+    } else {
+        measure(args, &config, scenario, plugin, handler).await
+    };
     crate::tools::chaos::cleanup(&config).await;
     result
 }

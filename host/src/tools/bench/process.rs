@@ -19,7 +19,12 @@ pub(super) fn reset_peak_rss() {
 
 /// Peak resident set since the last reset (KiB), from /proc/self/status.
 pub(super) fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    peak_rss_kib_in("/proc/self/status")
+}
+
+/// The `VmHWM` of a /proc status file (KiB).
+pub(super) fn peak_rss_kib_in(status: &str) -> u64 {
+    std::fs::read_to_string(status)
         .ok()
         .and_then(|s| {
             s.lines()

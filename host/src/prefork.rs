@@ -1,0 +1,433 @@
+//! `worker.processes`: `idem run` as the supervisor of several worker
+//! processes on one machine, each pinned to its own CPU.
+//!
+//! Why: an interpreter's instance (Python, JavaScript) writes pages of its
+//! copy-on-write heap image on every message, and each such fault makes the
+//! kernel flush the TLB of every other core running a thread of the same
+//! process. Processes pinned one per core never interrupt each other
+//! (docs/BENCHMARKS.md, "One process per core").
+//!
+//! The supervisor opens no backend and loads no plugin. It starts `idem run`
+//! again for each process, with the same configuration file and
+//! [`PROCESS_ENV`] naming the process, so that one runs the pool itself;
+//! waits for it to report ready on an inherited pipe; and starts it again
+//! when it dies. The first process starts alone, so the others find its
+//! compiled components in the compile cache instead of compiling them too.
+//! A process that fails before it is first ready stops the whole start, as
+//! a single `idem run` would; one that dies later is restarted after 1 s,
+//! doubling up to 30 s while it keeps dying within a minute.
+//!
+//! Signals: the first SIGTERM or SIGINT is passed on to every process, which
+//! drains as a single `idem run` does; a second is passed on again (each
+//! exits at once). SIGHUP is passed on (reload). The processes run in a
+//! process group of their own, so a terminal's Ctrl-C reaches the supervisor
+//! alone, and each gets SIGTERM if the supervisor dies.
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tokio::io::AsyncReadExt;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, watch};
+
+/// Set in a supervised process's environment: its index (0, 1, …).
+pub const PROCESS_ENV: &str = "IDEM_WORKER_PROCESS";
+/// Set in a supervised process's environment: the descriptor to report
+/// readiness on.
+const READY_ENV: &str = "IDEM_READY_FD";
+/// The descriptor a supervised process inherits for its readiness report.
+const READY_FD: i32 = 3;
+/// The signal a supervised process gets when its supervisor dies. Not
+/// SIGTERM: Linux sends it again each time the process is handed to another
+/// of the dying supervisor's threads, and a second SIGTERM means "exit at
+/// once"; the process drains on the first and ignores the rest.
+pub const ORPHANED: i32 = libc::SIGUSR2;
+/// A process that ran this long before dying is restarted after the first
+/// delay again.
+const STABLE: Duration = Duration::from_secs(60);
+const FIRST_DELAY: Duration = Duration::from_secs(1);
+const MAX_DELAY: Duration = Duration::from_secs(30);
+
+/// Which supervised process this is, if the supervisor started it.
+pub fn supervised() -> Option<usize> {
+    std::env::var(PROCESS_ENV).ok()?.parse().ok()
+}
+
+/// Tell the supervisor this process is serving (nothing when unsupervised).
+pub fn ready() {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    if supervised().is_none() || std::env::var(READY_ENV).ok().as_deref() != Some("3") {
+        return;
+    }
+    // SAFETY: the supervisor opened descriptor 3 for this process as the
+    // write end of its readiness pipe (`READY_ENV` says so), and nothing
+    // else in this process takes it over: it is owned and closed here, once.
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(READY_FD) };
+    if let Err(e) = pipe.write_all(b"ready\n") {
+        tracing::warn!(error = %e, "cannot report readiness to the supervisor");
+    }
+}
+
+/// What to start.
+pub struct Plan {
+    /// How many processes.
+    pub processes: usize,
+    /// Pin each to its own CPU.
+    pub pin: bool,
+    /// The `idem` binary.
+    pub program: PathBuf,
+    /// Arguments of every process (`run --config FILE`, global options).
+    pub args: Vec<OsString>,
+    /// `http.listen`: process K serves on its port + K (port 0 stays 0).
+    pub listen: Option<String>,
+}
+
+impl Plan {
+    fn listen_of(&self, index: usize) -> Result<Option<String>> {
+        let Some(listen) = &self.listen else { return Ok(None) };
+        let (host, port) = listen
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .with_context(|| format!("http.listen {listen:?} has no port: give it as HOST:PORT"))?;
+        if port == 0 {
+            return Ok(Some(listen.clone()));
+        }
+        let port = u16::try_from(port as usize + index)
+            .ok()
+            .with_context(|| format!("http.listen {listen:?}: process {index} would serve on port {port} + {index}, past 65535"))?;
+        Ok(Some(format!("{host}:{port}")))
+    }
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity writes into the zeroed set it is given.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the size is the set's.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: reading bits of an initialised set.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// One process's place: its index, CPU and address, and how it is doing.
+struct Slot {
+    index: usize,
+    cpu: Option<usize>,
+    args: Vec<OsString>,
+}
+
+enum Event {
+    /// A process reported ready (first time for its slot: `first`).
+    Ready { index: usize, first: bool },
+    /// A slot's first process ended before it was ready.
+    StartFailed { index: usize, why: String },
+    /// A slot is done: its last process exited after a stop.
+    Stopped { index: usize, status: Option<ExitStatus> },
+}
+
+/// Start `plan.processes` processes and supervise them until a signal
+/// stops them all.
+pub async fn supervise(plan: Plan) -> Result<()> {
+    let n = plan.processes;
+    let cpus = allowed_cpus();
+    let pinned = plan.pin && !cpus.is_empty();
+    if pinned && n > cpus.len() {
+        tracing::warn!(processes = n, cpus = cpus.len(), "more processes than CPUs: some share a CPU");
+    }
+    let mut slots = Vec::with_capacity(n);
+    for index in 0..n {
+        let mut args = plan.args.clone();
+        if let Some(listen) = plan.listen_of(index)? {
+            args.extend(["--listen".into(), listen.into()]);
+        }
+        let cpu = pinned.then(|| cpus[index % cpus.len()]);
+        slots.push(Slot { index, cpu, args });
+    }
+    let program = Arc::new(plan.program);
+    let pids: Arc<Mutex<Vec<Option<u32>>>> = Arc::new(Mutex::new(vec![None; n]));
+    let (stop_tx, stop_rx) = watch::channel(0u32);
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let mut waiting: Vec<Slot> = slots.into_iter().rev().collect();
+    let spawn_slot = |slot: Slot| {
+        tokio::spawn(keep(slot, program.clone(), pids.clone(), stop_rx.clone(), events_tx.clone()));
+    };
+    spawn_slot(waiting.pop().expect("at least one process"));
+    let mut running = 1;
+    let mut ready = 0;
+    let mut stops = 0u32;
+    let mut failure: Option<String> = None;
+    let mut statuses: Vec<(usize, Option<ExitStatus>)> = Vec::new();
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+    while running > 0 {
+        tokio::select! {
+            Some(event) = events.recv() => match event {
+                Event::Ready { index, first } => {
+                    if first {
+                        ready += 1;
+                        if index == 0 && stops == 0 {
+                            running += waiting.len();
+                            waiting.drain(..).rev().for_each(&spawn_slot);
+                        }
+                        if ready == n {
+                            tracing::info!(processes = n, "every worker process is ready");
+                        }
+                    }
+                }
+                Event::StartFailed { index, why } => {
+                    if failure.is_none() {
+                        failure = Some(format!("worker process {index} {why}; its error is above"));
+                    }
+                    if stops == 0 {
+                        stops = 1;
+                        let _ = stop_tx.send(stops);
+                    }
+                }
+                Event::Stopped { index, status } => {
+                    running -= 1;
+                    statuses.push((index, status));
+                }
+            },
+            _ = term.recv() => stops = stop(&stop_tx, stops),
+            _ = int.recv() => stops = stop(&stop_tx, stops),
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: passed on to every worker process");
+                signal_all(&pids, libc::SIGHUP);
+            }
+        }
+    }
+    if let Some(failure) = failure {
+        bail!(failure);
+    }
+    let unclean: Vec<String> = statuses
+        .iter()
+        .filter(|(_, s)| !s.is_some_and(|s| s.success()))
+        .map(|(i, s)| {
+            format!(
+                "process {i} {}",
+                s.map(describe).unwrap_or_else(|| "could not be waited for".into())
+            )
+        })
+        .collect();
+    if !unclean.is_empty() {
+        bail!("not every worker process stopped cleanly: {}", unclean.join(", "));
+    }
+    tracing::info!("every worker process stopped cleanly");
+    Ok(())
+}
+
+fn stop(stop_tx: &watch::Sender<u32>, stops: u32) -> u32 {
+    let stops = stops + 1;
+    if stops == 1 {
+        tracing::info!("shutting down: every worker process drains and stops");
+    } else {
+        tracing::warn!("second signal: every worker process exits at once; unsettled deliveries are redelivered");
+    }
+    let _ = stop_tx.send(stops);
+    stops
+}
+
+/// Signal every ready worker process.
+fn signal_all(pids: &Mutex<Vec<Option<u32>>>, sig: i32) {
+    for pid in pids.lock().expect("pid table poisoned").iter().flatten() {
+        // SAFETY: kill has no memory effects; the pid is a child not yet
+        // waited for, so it cannot have been reused.
+        unsafe { libc::kill(*pid as i32, sig) };
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (_, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => format!("ended ({status})"),
+    }
+}
+
+/// Keep one slot's process running until the supervisor stops.
+async fn keep(
+    slot: Slot,
+    program: Arc<PathBuf>,
+    pids: Arc<Mutex<Vec<Option<u32>>>>,
+    mut stop: watch::Receiver<u32>,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let index = slot.index;
+    let mut first = true;
+    let mut delay = FIRST_DELAY;
+    let status = loop {
+        let started = Instant::now();
+        let outcome = run_once(&slot, &program, &pids, &mut stop, &events, first).await;
+        let stopping = *stop.borrow() > 0;
+        match outcome {
+            Ok((status, _)) if stopping => break Some(status),
+            Err(_) if stopping => break None,
+            Err(e) if first => {
+                let _ = events.send(Event::StartFailed {
+                    index,
+                    why: format!("could not be started: {e:#}"),
+                });
+                break None;
+            }
+            Ok((status, false)) if first => {
+                let _ = events.send(Event::StartFailed {
+                    index,
+                    why: describe(status) + " before it was ready",
+                });
+                break Some(status);
+            }
+            Ok((status, was_ready)) => {
+                first &= !was_ready;
+                delay = if started.elapsed() >= STABLE { FIRST_DELAY } else { delay };
+                tracing::warn!(
+                    "worker process {index} {}; starting it again in {delay:?} (it ran {:?})",
+                    describe(status),
+                    started.elapsed()
+                );
+            }
+            Err(e) => tracing::error!("cannot start worker process {index} again: {e:#}; trying again in {delay:?}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|s| *s > 0) => break None,
+        }
+        delay = (delay * 2).min(MAX_DELAY);
+    };
+    let _ = events.send(Event::Stopped { index, status });
+}
+
+/// Start the slot's process and wait for it to end, passing on stops.
+/// Returns how it ended and whether it had reported ready.
+async fn run_once(
+    slot: &Slot,
+    program: &PathBuf,
+    pids: &Mutex<Vec<Option<u32>>>,
+    stop: &mut watch::Receiver<u32>,
+    events: &mpsc::UnboundedSender<Event>,
+    first: bool,
+) -> Result<(ExitStatus, bool)> {
+    if *stop.borrow() > 0 {
+        bail!("stopping");
+    }
+    let (reader, writer) = std::io::pipe().context("cannot create the readiness pipe")?;
+    let writer = OwnedFd::from(writer);
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(&slot.args)
+        .env(PROCESS_ENV, slot.index.to_string())
+        .env(READY_ENV, READY_FD.to_string())
+        .process_group(0);
+    let write_fd = writer.as_raw_fd();
+    let cpu = slot.cpu;
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes system calls (no allocation, no locks).
+    unsafe {
+        command.pre_exec(move || child_setup(write_fd, cpu));
+    }
+    let mut child = command.spawn().with_context(|| format!("cannot run {}", program.display()))?;
+    drop(writer);
+    let pid = child.id().unwrap_or(0);
+    let on = slot.cpu.map(|c| format!(", on CPU {c}")).unwrap_or_default();
+    tracing::info!("worker process {} started (pid {pid}{on})", slot.index);
+    let mut readiness =
+        tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader)).context("cannot watch the readiness pipe")?;
+    let mut report = Vec::new();
+    let mut was_ready = false;
+    let mut reading = true;
+    let mut passed_on = 0;
+    let mut watching = true;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            read = readiness.read_to_end(&mut report), if reading => {
+                reading = false;
+                was_ready = read.is_ok() && report.starts_with(b"ready");
+                if was_ready {
+                    // Only now: a process still starting has no SIGHUP
+                    // handler yet, and would die of one.
+                    pids.lock().expect("pid table poisoned")[slot.index] = Some(pid);
+                    tracing::info!("worker process {} ready (pid {pid})", slot.index);
+                    let _ = events.send(Event::Ready { index: slot.index, first });
+                }
+            }
+            changed = stop.changed(), if watching => {
+                watching = changed.is_ok();
+                while passed_on < *stop.borrow() {
+                    passed_on += 1;
+                    // SAFETY: as in signal_all.
+                    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                }
+            }
+        }
+    };
+    pids.lock().expect("pid table poisoned")[slot.index] = None;
+    Ok((status.context("cannot wait for a worker process")?, was_ready))
+}
+
+/// In the child before exec: put the readiness pipe on descriptor 3, stop
+/// with the supervisor, pin to the CPU.
+fn child_setup(write_fd: i32, cpu: Option<usize>) -> std::io::Result<()> {
+    let check = |r: i32| if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
+    // SAFETY: plain system calls on descriptors and sets owned here.
+    unsafe {
+        if write_fd == READY_FD {
+            check(libc::fcntl(READY_FD, libc::F_SETFD, 0))?;
+        } else {
+            check(libc::dup2(write_fd, READY_FD))?;
+        }
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, ORPHANED))?;
+        if let Some(cpu) = cpu {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            check(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(listen: Option<&str>) -> Plan {
+        Plan {
+            processes: 2,
+            pin: true,
+            program: PathBuf::from("idem"),
+            args: Vec::new(),
+            listen: listen.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn each_process_serves_on_its_own_port() {
+        let p = plan(Some("127.0.0.1:9464"));
+        assert_eq!(p.listen_of(0).unwrap().as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(p.listen_of(3).unwrap().as_deref(), Some("127.0.0.1:9467"));
+        assert_eq!(plan(Some("[::1]:0")).listen_of(5).unwrap().as_deref(), Some("[::1]:0"));
+        assert_eq!(plan(None).listen_of(1).unwrap(), None);
+        let err = plan(Some("127.0.0.1:65535")).listen_of(1).unwrap_err().to_string();
+        assert!(err.contains("past 65535"), "{err}");
+        let err = plan(Some("localhost")).listen_of(0).unwrap_err().to_string();
+        assert!(err.contains("HOST:PORT"), "{err}");
+    }
+
+    #[test]
+    fn this_process_may_run_on_some_cpu() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty());
+        assert!(cpus.len() <= std::thread::available_parallelism().map(|n| n.get()).unwrap_or(usize::MAX));
+    }
+}

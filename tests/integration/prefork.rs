@@ -1,0 +1,219 @@
+//! `worker.processes`: one real `idem run` supervising pinned worker
+//! processes; a worker process SIGKILLed mid-run is started again, a
+//! process that cannot start stops the start with its error, and the worker
+//! processes do not outlive a supervisor killed with SIGKILL.
+
+use std::path::Path;
+use std::process::Child;
+use std::time::Duration;
+
+use idem_host::config::Processes;
+use idem_host::tools::demo::{verify, Schedule};
+
+use crate::common::*;
+
+/// The processes whose parent is `pid`, sorted.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok())
+                == Some(pid)
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Whether a process has exited (gone, or a zombie nobody reaped yet).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z"),
+        Err(_) => true,
+    }
+}
+
+/// The CPUs a process may run on, as /proc lists them ("0", "0-1").
+fn cpus_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+fn log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+async fn wait_for_log(path: &Path, needle: &str, count: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while log(path).matches(needle).count() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {count} × {needle:?} in the log:\n{}",
+            log(path)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    wait_for(Duration::from_secs(60), "the supervisor to exit", || {
+        let status = child.try_wait().unwrap();
+        async move { status }
+    })
+    .await
+}
+
+/// The supervisor's index of the worker process it started as `pid`.
+fn index_of(log: &str, pid: u32) -> String {
+    let line = log
+        .lines()
+        .find(|l| l.contains(" started (pid ") && (l.contains(&format!("(pid {pid},")) || l.contains(&format!("(pid {pid})"))))
+        .unwrap_or_else(|| panic!("no start of pid {pid} in the log:\n{log}"));
+    let at = line.find("worker process ").unwrap() + "worker process ".len();
+    line[at..].split_whitespace().next().unwrap().to_string()
+}
+
+/// A pool of two processes, written to `dir/idem.toml`.
+fn two_processes(env: &mut Env) -> std::path::PathBuf {
+    env.config.worker.processes = Processes::Count(2);
+    env.config.worker.concurrency = 4;
+    let path = env.dir.path().join("idem.toml");
+    std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_again() {
+    let mut env = Env::new().await;
+    let config_path = two_processes(&mut env);
+    let backends = idem_host::backend::open(&env.config).await.unwrap();
+    env.mock.watch_journal(backends.claims.clone());
+    const MESSAGES: u64 = 600;
+    let schedule = Schedule::new(MESSAGES as usize, 7, &env.mock);
+    let published = schedule.publish(backends.broker.as_ref()).await.unwrap();
+    assert!(published > MESSAGES, "with duplicates");
+    let log_path = env.dir.path().join("supervisor.log");
+    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let pid = supervisor.id();
+    wait_for_log(&log_path, "every worker process is ready", 1).await;
+
+    let workers = children_of(pid);
+    assert_eq!(workers.len(), 2, "{}", log(&log_path));
+    let text = log(&log_path);
+    assert!(
+        text.contains("[process 0] ") && text.contains("[process 1] "),
+        "each process's lines are tagged: {text}"
+    );
+    let cpus: Vec<String> = workers.iter().map(|&p| cpus_of(p)).collect();
+    for c in &cpus {
+        assert!(c.parse::<usize>().is_ok(), "each worker process on one CPU: {cpus:?}");
+    }
+    if std::thread::available_parallelism().unwrap().get() >= 2 {
+        assert_ne!(cpus[0], cpus[1], "on CPUs of their own");
+    }
+
+    // Kill one worker process mid-run: it dies with handlers in flight.
+    let settled = || async {
+        let c = backends.admin.counts().await.unwrap();
+        c.done + c.dead
+    };
+    wait_until(Duration::from_secs(120), "a third of the messages to settle", || async {
+        settled().await >= MESSAGES / 3
+    })
+    .await;
+    let killed = index_of(&log(&log_path), workers[0]);
+    signal(workers[0], "-KILL");
+    let replaced = wait_for(Duration::from_secs(60), "the killed worker process to be started again", || async {
+        let now = children_of(pid);
+        (now.len() == 2 && !now.contains(&workers[0])).then_some(now)
+    })
+    .await;
+    let new = *replaced.iter().find(|p| **p != workers[1]).unwrap();
+    assert_eq!(cpus_of(new), cpus[0], "the new process takes the killed one's CPU");
+    let restarted = format!("worker process {killed} was killed by signal 9; starting it again");
+    assert!(log(&log_path).contains(&restarted), "{}", log(&log_path));
+
+    // SIGHUP reaches every worker process.
+    wait_for_log(&log_path, &format!("worker process {killed} ready"), 2).await;
+    signal(pid, "-HUP");
+    wait_for_log(&log_path, "SIGHUP: reloading the configuration and the plugins", 2).await;
+
+    wait_until(Duration::from_secs(180), "every message settled", || async {
+        let c = backends.admin.counts().await.unwrap();
+        c.done + c.dead >= MESSAGES && c.running == 0 && c.retry == 0 && backends.broker.pending().await.unwrap() == 0
+    })
+    .await;
+    signal(pid, "-TERM");
+    let status = wait_exit(&mut supervisor).await;
+    assert!(status.success(), "{status:?}\n{}", log(&log_path));
+    assert!(log(&log_path).contains("every worker process stopped cleanly"));
+    assert!(
+        replaced.iter().all(|&p| exited(p)),
+        "the worker processes stopped with the supervisor"
+    );
+
+    let report = verify(&backends, &env.mock, &schedule).await.unwrap();
+    assert_eq!(report.lost, 0, "{report:?}");
+    assert_eq!(report.double_effects, 0, "{report:?}");
+    assert_eq!(report.calls_after_journal, 0, "{report:?}");
+    assert_eq!(report.missing_effects, 0, "{report:?}");
+    assert_eq!(report.effects, MESSAGES - 1, "every message but the poison one: {report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_that_cannot_start_stops_the_start_with_its_error() {
+    let mut env = Env::new().await;
+    env.config.plugins.get_mut("grant-credits").unwrap().path = env.dir.path().join("missing.wasm");
+    let config_path = two_processes(&mut env);
+    let log_path = env.dir.path().join("supervisor.log");
+    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let status = wait_exit(&mut supervisor).await;
+    let text = log(&log_path);
+    assert!(!status.success(), "{text}");
+    assert!(text.contains("missing.wasm"), "the worker process's own error: {text}");
+    assert!(
+        text.contains("worker process 0 exited with status 1 before it was ready; its error is above"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("worker process 1 started"),
+        "no second process after the first failed: {text}"
+    );
+    assert!(!text.contains("starting it again"), "a failed start is not retried: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_stop_when_their_supervisor_is_killed() {
+    let mut env = Env::new().await;
+    let config_path = two_processes(&mut env);
+    let log_path = env.dir.path().join("supervisor.log");
+    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    wait_for_log(&log_path, "every worker process is ready", 1).await;
+    let workers = children_of(supervisor.id());
+    assert_eq!(workers.len(), 2);
+    supervisor.kill().unwrap();
+    supervisor.wait().unwrap();
+    wait_until(Duration::from_secs(60), "the orphaned worker processes to stop", || async {
+        workers.iter().all(|&p| exited(p))
+    })
+    .await;
+    // They stopped as on SIGTERM: drained, not killed, and not at once
+    // (the kernel may signal an orphan more than once).
+    wait_for_log(&log_path, "the supervisor is gone", 2).await;
+    wait_for_log(&log_path, "stopped cleanly", 2).await;
+    assert!(!log(&log_path).contains("second signal"), "{}", log(&log_path));
+}
