@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 use idem_host::config::{Config, Processes};
 use idem_host::envelope::Envelope;
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 /// at-least-once delivery.
 mod cli;
 
+use cli::logging::{init_tracing, LogFormat};
 use cli::plugin::PluginCommand;
 use cli::ConfigArg;
 
@@ -31,12 +32,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Human,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -221,46 +216,6 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn init_tracing(format: LogFormat, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default_level},sqlx=warn,wasmtime=warn,cranelift=warn")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match (format, prefork::supervised()) {
-        (LogFormat::Human, None) => builder.init(),
-        // One of several worker processes writing to the same log.
-        (LogFormat::Human, Some(index)) => builder
-            .event_format(Tagged {
-                tag: format!("[process {index}] "),
-                inner: tracing_subscriber::fmt::format::Format::default(),
-            })
-            .init(),
-        (LogFormat::Json, _) => builder.json().init(),
-    }
-}
-
-/// Human log lines prefixed with a tag.
-struct Tagged<F> {
-    tag: String,
-    inner: F,
-}
-
-impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for Tagged<F>
-where
-    F: tracing_subscriber::fmt::FormatEvent<S, N>,
-    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
-    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
-        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
-        event: &tracing::Event<'_>,
-    ) -> std::fmt::Result {
-        writer.write_str(&self.tag)?;
-        self.inner.format_event(ctx, writer, event)
     }
 }
 
@@ -477,10 +432,7 @@ async fn supervise(config: Config, processes: usize, r: RunArgs, log_format: Log
     let Some(path) = r.config.config.clone() else {
         bail!("worker.processes needs a configuration file: pass --config FILE");
     };
-    let format = match log_format {
-        LogFormat::Human => "human",
-        LogFormat::Json => "json",
-    };
+    let format = log_format.arg();
     let plan = prefork::Plan {
         processes,
         pin: config.worker.pin,

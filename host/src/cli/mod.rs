@@ -1,5 +1,5 @@
-//! The command line's parts beyond `main.rs`: arguments the commands share
-//! and the `idem plugin` subcommands.
+//! The command line's parts beyond `main.rs`: arguments the commands share,
+//! the log's set-up and the `idem plugin` subcommands.
 
 use std::path::PathBuf;
 
@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::Args;
 use idem_host::config::Config;
 
+pub mod logging;
 pub mod plugin;
 
 #[derive(Args, Clone)]
