@@ -195,6 +195,8 @@ impl DlqSelect {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: the supervisor's variables and pipe.
+    prefork::take_supervision();
     let cli = Cli::parse();
     let default_level = match &cli.command {
         Command::Run(_) => "info",
@@ -224,7 +226,13 @@ async fn dispatch(command: Command, log_format: LogFormat) -> Result<ExitCode> {
         Command::Run(r) => {
             let config = r.config.load()?;
             let processes = r.processes.unwrap_or(config.worker.processes).count();
-            if processes > 1 && prefork::supervised().is_none() {
+            if prefork::started_as_worker() && prefork::supervised().is_none() {
+                tracing::warn!(
+                    "{} is set but this process has no supervisor's pipe: running as one worker process",
+                    prefork::PROCESS_ENV
+                );
+            }
+            if processes > 1 && !prefork::started_as_worker() {
                 supervise(config, processes, r, log_format).await?;
             } else {
                 run(config, r.config.config.clone(), r.listen).await?;
@@ -346,6 +354,10 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
         bail!("no plugins configured: pass --config FILE with a [plugins.NAME] section per plugin (see examples/embedded.toml)");
     }
     let listen = listen.or_else(|| config.http.listen.clone());
+    // Before the pool takes its first message: a signal that arrives while
+    // it starts is kept, and stops it once started, rather than killing it.
+    let mut stops = Stops::install()?;
+    let mut hangup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
     // Install the recorder first, so the pool's first durations are kept.
     let metrics = listen.as_ref().map(|_| observe::prometheus()).transpose()?;
     let pool = app::Pool::start(&config).await?;
@@ -380,7 +392,6 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
     }
     {
         let reloader = reloader.clone();
-        let mut hangup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
         tokio::spawn(async move {
             while hangup.recv().await.is_some() {
                 tracing::info!("SIGHUP: reloading the configuration and the plugins");
@@ -397,28 +408,17 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
         concurrency = config.worker.concurrency,
         "idem worker running"
     );
-    prefork::ready();
     let shutdown = pool.shutdown.clone();
     let grace = config.worker.shutdown_grace_ms;
-    // A supervised process also drains when its supervisor dies; the
-    // kernel may send that signal more than once, and repeats are ignored.
-    let mut orphaned = match prefork::supervised() {
-        Some(_) => Some(signal(SignalKind::from_raw(prefork::ORPHANED)).context("cannot install the orphan signal handler")?),
-        None => None,
-    };
     tokio::spawn(async move {
-        tokio::select! {
-            _ = wait_for_signal() => {}
-            Some(_) = async { orphaned.as_mut()?.recv().await } => {
-                tracing::warn!("the supervisor is gone");
-            }
-        }
+        stops.first().await;
         tracing::info!(grace_ms = grace, "shutting down: no new deliveries; waiting for running handlers");
         shutdown.cancel();
-        wait_for_signal().await;
+        stops.second().await;
         tracing::warn!("second signal: exiting at once; unsettled deliveries are redelivered");
         std::process::exit(130);
     });
+    prefork::ready();
     let result = pool.join().await;
     aux.cancel();
     if result.is_ok() {
@@ -436,7 +436,8 @@ async fn supervise(config: Config, processes: usize, r: RunArgs, log_format: Log
     let plan = prefork::Plan {
         processes,
         pin: config.worker.pin,
-        program: std::env::current_exe().context("cannot find the idem binary to start its worker processes")?,
+        // This very binary, even if an upgrade replaced the file since.
+        program: PathBuf::from("/proc/self/exe"),
         args: ["--log-format", format, "run", "--config"]
             .map(OsString::from)
             .into_iter()
@@ -471,6 +472,45 @@ async fn serve_console(args: ConsoleArgs) -> Result<ExitCode> {
     stop.cancel();
     served.await.context("console task panicked")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The signals that stop `idem run`, installed once: SIGTERM and SIGINT,
+/// and for a supervised worker process the one its supervisor's death sends
+/// (which the kernel may send more than once: only the first counts).
+struct Stops {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    orphaned: Option<tokio::signal::unix::Signal>,
+}
+
+impl Stops {
+    fn install() -> Result<Stops> {
+        Ok(Stops {
+            term: signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?,
+            orphaned: match prefork::supervised() {
+                Some(_) => Some(signal(SignalKind::from_raw(prefork::ORPHANED)).context("cannot install the orphan signal handler")?),
+                None => None,
+            },
+        })
+    }
+
+    /// The first stop: SIGTERM, SIGINT or the supervisor's death.
+    async fn first(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+            Some(_) = async { self.orphaned.as_mut()?.recv().await } => tracing::warn!("the supervisor is gone"),
+        }
+    }
+
+    /// A second SIGTERM or SIGINT.
+    async fn second(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }
 
 async fn wait_for_signal() {

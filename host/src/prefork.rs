@@ -19,16 +19,19 @@
 //!
 //! Signals: the first SIGTERM or SIGINT is passed on to every process, which
 //! drains as a single `idem run` does; a second is passed on again (each
-//! exits at once). SIGHUP is passed on (reload). The processes run in a
-//! process group of their own, so a terminal's Ctrl-C reaches the supervisor
-//! alone, and each gets SIGTERM if the supervisor dies.
+//! exits at once). SIGHUP is passed on (reload). A process gets signals only
+//! once it is ready. The processes run in a process group of their own, so
+//! a terminal's Ctrl-C reaches the supervisor alone, and each drains and
+//! stops if the supervisor dies ([`ORPHANED`]). Pinning needs one process
+//! per CPU this process may run on; otherwise they run unpinned.
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -54,23 +57,65 @@ const STABLE: Duration = Duration::from_secs(60);
 const FIRST_DELAY: Duration = Duration::from_secs(1);
 const MAX_DELAY: Duration = Duration::from_secs(30);
 
+/// This process's place under a supervisor: its index and the readiness
+/// pipe, until it reports.
+static SUPERVISED: OnceLock<(usize, Mutex<Option<OwnedFd>>)> = OnceLock::new();
+/// Whether this process was started with [`PROCESS_ENV`] set, pipe or not.
+static STARTED_AS_WORKER: AtomicBool = AtomicBool::new(false);
+
+/// Call first thing in `main`, before any thread starts: if the supervisor
+/// started this process, take its index and readiness pipe. Both variables
+/// are removed from the environment (nothing this process starts inherits
+/// them), and descriptor 3 is taken only if it is the write end of a pipe,
+/// so a stray variable cannot make this process write into, or close, a
+/// descriptor that is not the supervisor's.
+pub fn take_supervision() {
+    use std::os::fd::FromRawFd;
+    let index = std::env::var(PROCESS_ENV).ok().and_then(|v| v.parse::<usize>().ok());
+    let fd = std::env::var(READY_ENV).ok();
+    STARTED_AS_WORKER.store(std::env::var_os(PROCESS_ENV).is_some(), Ordering::Relaxed);
+    std::env::remove_var(PROCESS_ENV);
+    std::env::remove_var(READY_ENV);
+    let (Some(index), Some("3")) = (index, fd.as_deref()) else { return };
+    // SAFETY: fstat and fcntl only read the descriptor's state into `stat`.
+    let is_pipe_end = unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        libc::fstat(READY_FD, &mut stat) == 0
+            && stat.st_mode & libc::S_IFMT == libc::S_IFIFO
+            && libc::fcntl(READY_FD, libc::F_GETFL) & libc::O_ACCMODE == libc::O_WRONLY
+    };
+    if !is_pipe_end {
+        return;
+    }
+    // SAFETY: descriptor 3 is an open pipe's write end that nothing else in
+    // this process owns (no thread has started, and the runtime opens its
+    // descriptors after this); it is owned from here on and closed once.
+    let pipe = unsafe { OwnedFd::from_raw_fd(READY_FD) };
+    // SAFETY: fcntl on a descriptor owned here.
+    unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    let _ = SUPERVISED.set((index, Mutex::new(Some(pipe))));
+}
+
+/// Whether this process was started as a worker process: then it runs the
+/// pool itself, whatever `worker.processes` says (a worker process never
+/// starts workers of its own).
+pub fn started_as_worker() -> bool {
+    STARTED_AS_WORKER.load(Ordering::Relaxed)
+}
+
 /// Which supervised process this is, if the supervisor started it.
 pub fn supervised() -> Option<usize> {
-    std::env::var(PROCESS_ENV).ok()?.parse().ok()
+    SUPERVISED.get().map(|(index, _)| *index)
 }
 
 /// Tell the supervisor this process is serving (nothing when unsupervised).
 pub fn ready() {
     use std::io::Write;
-    use std::os::fd::FromRawFd;
-    if supervised().is_none() || std::env::var(READY_ENV).ok().as_deref() != Some("3") {
+    let Some((_, pipe)) = SUPERVISED.get() else { return };
+    let Some(pipe) = pipe.lock().expect("readiness pipe poisoned").take() else {
         return;
-    }
-    // SAFETY: the supervisor opened descriptor 3 for this process as the
-    // write end of its readiness pipe (`READY_ENV` says so), and nothing
-    // else in this process takes it over: it is owned and closed here, once.
-    let mut pipe = unsafe { std::fs::File::from_raw_fd(READY_FD) };
-    if let Err(e) = pipe.write_all(b"ready\n") {
+    };
+    if let Err(e) = std::fs::File::from(pipe).write_all(b"ready\n") {
         tracing::warn!(error = %e, "cannot report readiness to the supervisor");
     }
 }
@@ -120,7 +165,7 @@ fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// One process's place: its index, CPU and address, and how it is doing.
+/// One process's place: its index, CPU and arguments.
 struct Slot {
     index: usize,
     cpu: Option<usize>,
@@ -132,18 +177,38 @@ enum Event {
     Ready { index: usize, first: bool },
     /// A slot's first process ended before it was ready.
     StartFailed { index: usize, why: String },
-    /// A slot is done: its last process exited after a stop.
+    /// A slot is done: its last process exited after a stop (`None`: no
+    /// process was running then).
     Stopped { index: usize, status: Option<ExitStatus> },
+}
+
+/// What every slot's task watches: stops (1 = drain, 2 = at once) and
+/// SIGHUPs, each a count.
+#[derive(Clone)]
+struct Orders {
+    stop: watch::Receiver<u32>,
+    hup: watch::Receiver<u32>,
 }
 
 /// Start `plan.processes` processes and supervise them until a signal
 /// stops them all.
 pub async fn supervise(plan: Plan) -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
     let n = plan.processes;
     let cpus = allowed_cpus();
-    let pinned = plan.pin && !cpus.is_empty();
-    if pinned && n > cpus.len() {
-        tracing::warn!(processes = n, cpus = cpus.len(), "more processes than CPUs: some share a CPU");
+    // Pin only a pool that has the CPUs it may use to itself: with fewer
+    // processes than CPUs (a container's quota, or a choice), pinning to the
+    // first CPUs would crowd every such pool onto the same ones.
+    let pinned = plan.pin && n == cpus.len();
+    if plan.pin && !pinned {
+        tracing::warn!(
+            processes = n,
+            cpus = cpus.len(),
+            "not pinning: {n} worker processes for the {} CPUs this process may run on (pinning needs one process per CPU)",
+            cpus.len()
+        );
     }
     let mut slots = Vec::with_capacity(n);
     for index in 0..n {
@@ -151,16 +216,20 @@ pub async fn supervise(plan: Plan) -> Result<()> {
         if let Some(listen) = plan.listen_of(index)? {
             args.extend(["--listen".into(), listen.into()]);
         }
-        let cpu = pinned.then(|| cpus[index % cpus.len()]);
+        let cpu = if pinned { cpus.get(index).copied() } else { None };
         slots.push(Slot { index, cpu, args });
     }
     let program = Arc::new(plan.program);
-    let pids: Arc<Mutex<Vec<Option<u32>>>> = Arc::new(Mutex::new(vec![None; n]));
     let (stop_tx, stop_rx) = watch::channel(0u32);
+    let (hup_tx, hup_rx) = watch::channel(0u32);
+    let orders = Orders {
+        stop: stop_rx,
+        hup: hup_rx,
+    };
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let mut waiting: Vec<Slot> = slots.into_iter().rev().collect();
     let spawn_slot = |slot: Slot| {
-        tokio::spawn(keep(slot, program.clone(), pids.clone(), stop_rx.clone(), events_tx.clone()));
+        tokio::spawn(keep(slot, program.clone(), orders.clone(), events_tx.clone()));
     };
     spawn_slot(waiting.pop().expect("at least one process"));
     let mut running = 1;
@@ -168,9 +237,6 @@ pub async fn supervise(plan: Plan) -> Result<()> {
     let mut stops = 0u32;
     let mut failure: Option<String> = None;
     let mut statuses: Vec<(usize, Option<ExitStatus>)> = Vec::new();
-    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
-    let mut hup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
     while running > 0 {
         tokio::select! {
             Some(event) = events.recv() => match event {
@@ -204,22 +270,20 @@ pub async fn supervise(plan: Plan) -> Result<()> {
             _ = int.recv() => stops = stop(&stop_tx, stops),
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: passed on to every worker process");
-                signal_all(&pids, libc::SIGHUP);
+                hup_tx.send_modify(|n| *n += 1);
             }
         }
     }
     if let Some(failure) = failure {
         bail!(failure);
     }
+    if stops >= 2 {
+        tracing::warn!("stopped at once on a second signal");
+        std::process::exit(130);
+    }
     let unclean: Vec<String> = statuses
         .iter()
-        .filter(|(_, s)| !s.is_some_and(|s| s.success()))
-        .map(|(i, s)| {
-            format!(
-                "process {i} {}",
-                s.map(describe).unwrap_or_else(|| "could not be waited for".into())
-            )
-        })
+        .filter_map(|(i, s)| s.filter(|s| !s.success()).map(|s| format!("process {i} {}", describe(s))))
         .collect();
     if !unclean.is_empty() {
         bail!("not every worker process stopped cleanly: {}", unclean.join(", "));
@@ -239,15 +303,6 @@ fn stop(stop_tx: &watch::Sender<u32>, stops: u32) -> u32 {
     stops
 }
 
-/// Signal every ready worker process.
-fn signal_all(pids: &Mutex<Vec<Option<u32>>>, sig: i32) {
-    for pid in pids.lock().expect("pid table poisoned").iter().flatten() {
-        // SAFETY: kill has no memory effects; the pid is a child not yet
-        // waited for, so it cannot have been reused.
-        unsafe { libc::kill(*pid as i32, sig) };
-    }
-}
-
 fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with status {code}"),
@@ -257,20 +312,14 @@ fn describe(status: ExitStatus) -> String {
 }
 
 /// Keep one slot's process running until the supervisor stops.
-async fn keep(
-    slot: Slot,
-    program: Arc<PathBuf>,
-    pids: Arc<Mutex<Vec<Option<u32>>>>,
-    mut stop: watch::Receiver<u32>,
-    events: mpsc::UnboundedSender<Event>,
-) {
+async fn keep(slot: Slot, program: Arc<PathBuf>, mut orders: Orders, events: mpsc::UnboundedSender<Event>) {
     let index = slot.index;
     let mut first = true;
     let mut delay = FIRST_DELAY;
     let status = loop {
         let started = Instant::now();
-        let outcome = run_once(&slot, &program, &pids, &mut stop, &events, first).await;
-        let stopping = *stop.borrow() > 0;
+        let outcome = run_once(&slot, &program, &mut orders, &events, first).await;
+        let stopping = *orders.stop.borrow() > 0;
         match outcome {
             Ok((status, _)) if stopping => break Some(status),
             Err(_) if stopping => break None,
@@ -301,44 +350,55 @@ async fn keep(
         }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = stop.wait_for(|s| *s > 0) => break None,
+            _ = orders.stop.wait_for(|s| *s > 0) => break None,
         }
         delay = (delay * 2).min(MAX_DELAY);
     };
     let _ = events.send(Event::Stopped { index, status });
 }
 
-/// Start the slot's process and wait for it to end, passing on stops.
-/// Returns how it ended and whether it had reported ready.
+/// Start the slot's process and wait for it to end, passing on stops and
+/// SIGHUPs. Returns how it ended and whether it had reported ready.
+///
+/// Signals go only to a process that reported ready: before that it may
+/// not have its handlers yet, and would die of them. A stop that comes
+/// while it starts is passed on once it is ready; a second stop kills it.
+/// The process is not reaped before the loop ends, so its pid cannot have
+/// been reused by then.
 async fn run_once(
     slot: &Slot,
     program: &PathBuf,
-    pids: &Mutex<Vec<Option<u32>>>,
-    stop: &mut watch::Receiver<u32>,
+    orders: &mut Orders,
     events: &mpsc::UnboundedSender<Event>,
     first: bool,
 ) -> Result<(ExitStatus, bool)> {
-    if *stop.borrow() > 0 {
+    if *orders.stop.borrow() > 0 {
         bail!("stopping");
     }
     let (reader, writer) = std::io::pipe().context("cannot create the readiness pipe")?;
     let writer = OwnedFd::from(writer);
     let mut command = tokio::process::Command::new(program);
     command
+        .arg0(std::env::current_exe().unwrap_or_else(|_| "idem".into()))
         .args(&slot.args)
         .env(PROCESS_ENV, slot.index.to_string())
         .env(READY_ENV, READY_FD.to_string())
         .process_group(0);
     let write_fd = writer.as_raw_fd();
     let cpu = slot.cpu;
+    // SAFETY: getpid has no memory effects.
+    let supervisor = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and only
     // makes system calls (no allocation, no locks).
     unsafe {
-        command.pre_exec(move || child_setup(write_fd, cpu));
+        command.pre_exec(move || child_setup(write_fd, cpu, supervisor));
     }
     let mut child = command.spawn().with_context(|| format!("cannot run {}", program.display()))?;
     drop(writer);
-    let pid = child.id().unwrap_or(0);
+    let Some(pid) = child.id() else {
+        bail!("worker process {} ended as it started", slot.index);
+    };
+    let pid = pid as i32;
     let on = slot.cpu.map(|c| format!(", on CPU {c}")).unwrap_or_default();
     tracing::info!("worker process {} started (pid {pid}{on})", slot.index);
     let mut readiness =
@@ -347,38 +407,49 @@ async fn run_once(
     let mut was_ready = false;
     let mut reading = true;
     let mut passed_on = 0;
-    let mut watching = true;
+    let mut hups_seen = *orders.hup.borrow_and_update();
+    let (mut watching_stop, mut watching_hup) = (true, true);
     let status = loop {
+        let stops = *orders.stop.borrow();
+        if was_ready {
+            while passed_on < stops {
+                passed_on += 1;
+                // SAFETY: kill has no memory effects; `pid` is not reaped.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        } else if stops >= 2 && passed_on < stops {
+            passed_on = stops;
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
         tokio::select! {
             status = child.wait() => break status,
             read = readiness.read_to_end(&mut report), if reading => {
                 reading = false;
                 was_ready = read.is_ok() && report.starts_with(b"ready");
                 if was_ready {
-                    // Only now: a process still starting has no SIGHUP
-                    // handler yet, and would die of one.
-                    pids.lock().expect("pid table poisoned")[slot.index] = Some(pid);
                     tracing::info!("worker process {} ready (pid {pid})", slot.index);
                     let _ = events.send(Event::Ready { index: slot.index, first });
                 }
             }
-            changed = stop.changed(), if watching => {
-                watching = changed.is_ok();
-                while passed_on < *stop.borrow() {
-                    passed_on += 1;
-                    // SAFETY: as in signal_all.
-                    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            changed = orders.stop.changed(), if watching_stop => watching_stop = changed.is_ok(),
+            changed = orders.hup.changed(), if watching_hup => {
+                watching_hup = changed.is_ok();
+                let hups = *orders.hup.borrow_and_update();
+                if was_ready && hups > hups_seen {
+                    // SAFETY: as above.
+                    unsafe { libc::kill(pid, libc::SIGHUP) };
                 }
+                hups_seen = hups;
             }
         }
     };
-    pids.lock().expect("pid table poisoned")[slot.index] = None;
     Ok((status.context("cannot wait for a worker process")?, was_ready))
 }
 
 /// In the child before exec: put the readiness pipe on descriptor 3, stop
 /// with the supervisor, pin to the CPU.
-fn child_setup(write_fd: i32, cpu: Option<usize>) -> std::io::Result<()> {
+fn child_setup(write_fd: i32, cpu: Option<usize>, supervisor: libc::pid_t) -> std::io::Result<()> {
     let check = |r: i32| if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
     // SAFETY: plain system calls on descriptors and sets owned here.
     unsafe {
@@ -388,6 +459,11 @@ fn child_setup(write_fd: i32, cpu: Option<usize>) -> std::io::Result<()> {
             check(libc::dup2(write_fd, READY_FD))?;
         }
         check(libc::prctl(libc::PR_SET_PDEATHSIG, ORPHANED))?;
+        // The supervisor died before the line above: nobody would signal
+        // this process, so it must not start.
+        if libc::getppid() != supervisor {
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
         if let Some(cpu) = cpu {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(cpu, &mut set);

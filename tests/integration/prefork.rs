@@ -196,15 +196,49 @@ async fn a_worker_process_that_cannot_start_stops_the_start_with_its_error() {
     assert!(!text.contains("starting it again"), "a failed start is not retried: {text}");
 }
 
+/// A port P with P + 1 free too (for two processes' addresses).
+fn two_free_ports() -> u16 {
+    loop {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
+async fn readyz(port: u16) -> u16 {
+    match reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_processes_stop_when_their_supervisor_is_killed() {
-    let mut env = Env::new().await;
-    let config_path = two_processes(&mut env);
+    // One process in the file, two on the command line; each serves on its
+    // own port.
+    let env = Env::new().await;
+    let config_path = env.dir.path().join("idem.toml");
+    std::fs::write(&config_path, toml::to_string(&env.config).unwrap()).unwrap();
+    let port = two_free_ports();
     let log_path = env.dir.path().join("supervisor.log");
-    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["run", "--processes", "2", "--listen", &format!("127.0.0.1:{port}"), "--config"])
+        .arg(&config_path)
+        .env("IDEM_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
     wait_for_log(&log_path, "every worker process is ready", 1).await;
     let workers = children_of(supervisor.id());
     assert_eq!(workers.len(), 2);
+    assert_eq!(
+        (readyz(port).await, readyz(port + 1).await),
+        (200, 200),
+        "process K serves on port + K"
+    );
     supervisor.kill().unwrap();
     supervisor.wait().unwrap();
     wait_until(Duration::from_secs(60), "the orphaned worker processes to stop", || async {
@@ -216,4 +250,26 @@ async fn worker_processes_stop_when_their_supervisor_is_killed() {
     wait_for_log(&log_path, "the supervisor is gone", 2).await;
     wait_for_log(&log_path, "stopped cleanly", 2).await;
     assert!(!log(&log_path).contains("second signal"), "{}", log(&log_path));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_worker_processes_start_lets_them_start_then_drain() {
+    let mut env = Env::new().await;
+    // An empty compile cache: the first process compiles every plugin, a
+    // start long enough for the stop to arrive during it.
+    env.config.worker.compile_cache_dir = Some(env.dir.path().join("compiled"));
+    let config_path = two_processes(&mut env);
+    let log_path = env.dir.path().join("supervisor.log");
+    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    // At once: the first worker process is starting (it is not passed a
+    // signal it may not have a handler for yet), the second not started.
+    wait_for_log(&log_path, "worker process 0 started", 1).await;
+    signal(supervisor.id(), "-TERM");
+    let status = wait_exit(&mut supervisor).await;
+    let text = log(&log_path);
+    assert!(status.success(), "{status:?}\n{text}");
+    assert!(text.contains("every worker process stopped cleanly"), "{text}");
+    assert!(text.contains("[process 0] ") && text.contains("stopped cleanly"), "{text}");
+    assert!(!text.contains("killed by signal"), "{text}");
+    assert!(!text.contains("worker process 1 started"), "no process starts after a stop: {text}");
 }

@@ -48,7 +48,8 @@ pub struct WorkerConfig {
     /// with `concurrency` handler slots, supervised and restarted by the
     /// first: a number, or `"auto"` for one per CPU it may run on.
     pub processes: Processes,
-    /// With more than one process, pin each to its own CPU.
+    /// With more than one process, and one per CPU this process may run on,
+    /// pin each to its own CPU.
     pub pin: bool,
 }
 
@@ -85,10 +86,11 @@ impl std::str::FromStr for Processes {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(Processes::Auto(AutoWord::Auto)),
-            n => n
-                .parse()
-                .map(Processes::Count)
-                .map_err(|_| format!("{s:?} is neither a number of processes nor \"auto\"")),
+            n => match n.parse() {
+                Ok(0) => Err("worker processes must be at least 1, or \"auto\"".into()),
+                Ok(n) => Ok(Processes::Count(n)),
+                Err(_) => Err(format!("{s:?} is neither a number of processes nor \"auto\"")),
+            },
         }
     }
 }
