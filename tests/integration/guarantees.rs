@@ -84,8 +84,9 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
 
     // Worker B takes the claim over once A's lease has expired.
     let b = env.start().await;
+    // B counts a message done after its confirm commits: wait for both.
     wait_until(Duration::from_secs(10), "worker B to complete the message", || async {
-        state(&b, "record-payment", "pay-fence").await == Some("done")
+        state(&b, "record-payment", "pay-fence").await == Some("done") && b.counters.snapshot().done >= 1
     })
     .await;
     assert_eq!(b.counters.snapshot().done, 1);
