@@ -444,6 +444,7 @@ async fn supervise(config: Config, processes: usize, r: RunArgs, log_format: Log
             .chain([path.into_os_string()])
             .collect(),
         listen: r.listen.or_else(|| config.http.listen.clone()),
+        start_timeout: std::time::Duration::from_millis(config.worker.start_timeout_ms),
     };
     tracing::info!(
         processes,

@@ -8,26 +8,10 @@ use std::process::Child;
 use std::time::Duration;
 
 use idem_host::config::Processes;
+use idem_host::prefork::worker_pids;
 use idem_host::tools::demo::{verify, Schedule};
 
 use crate::common::*;
-
-/// The processes whose parent is `pid`, sorted.
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok())
-                == Some(pid)
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
 
 /// Whether a process has exited (gone, or a zombie nobody reaped yet).
 fn exited(pid: u32) -> bool {
@@ -111,7 +95,7 @@ async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_aga
     let pid = supervisor.id();
     wait_for_log(&log_path, "every worker process is ready", 1).await;
 
-    let workers = children_of(pid);
+    let workers = worker_pids(pid);
     assert_eq!(workers.len(), 2, "{}", log(&log_path));
     let text = log(&log_path);
     assert!(
@@ -138,7 +122,7 @@ async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_aga
     let killed = index_of(&log(&log_path), workers[0]);
     signal(workers[0], "-KILL");
     let replaced = wait_for(Duration::from_secs(60), "the killed worker process to be started again", || async {
-        let now = children_of(pid);
+        let now = worker_pids(pid);
         (now.len() == 2 && !now.contains(&workers[0])).then_some(now)
     })
     .await;
@@ -196,6 +180,31 @@ async fn a_worker_process_that_cannot_start_stops_the_start_with_its_error() {
     assert!(!text.contains("starting it again"), "a failed start is not retried: {text}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_not_ready_within_the_start_timeout_is_killed_and_stops_the_start() {
+    let mut env = Env::new().await;
+    // An empty compile cache: the first process has plugins to compile, far
+    // longer than the 1 ms it is given.
+    env.config.worker.compile_cache_dir = Some(env.dir.path().join("compiled"));
+    env.config.worker.start_timeout_ms = 1;
+    let config_path = two_processes(&mut env);
+    let log_path = env.dir.path().join("supervisor.log");
+    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let status = wait_exit(&mut supervisor).await;
+    let text = log(&log_path);
+    assert!(!status.success(), "{text}");
+    assert!(
+        text.contains("worker process 0 did not report ready within 1ms (worker.start_timeout_ms): killing it"),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker process 0 was killed by signal 9 before it was ready (not ready within 1ms, worker.start_timeout_ms)"),
+        "{text}"
+    );
+    assert!(!text.contains("worker process 1 started"), "{text}");
+    assert!(!text.contains("starting it again"), "a failed start is not retried: {text}");
+}
+
 /// A port P with P + 1 free too (for two processes' addresses).
 fn two_free_ports() -> u16 {
     loop {
@@ -232,7 +241,7 @@ async fn worker_processes_stop_when_their_supervisor_is_killed() {
         .spawn()
         .unwrap();
     wait_for_log(&log_path, "every worker process is ready", 1).await;
-    let workers = children_of(supervisor.id());
+    let workers = worker_pids(supervisor.id());
     assert_eq!(workers.len(), 2);
     assert_eq!(
         (readyz(port).await, readyz(port + 1).await),

@@ -138,6 +138,9 @@ impl Config {
         if self.worker.processes.count() == 0 {
             bail!("worker.processes must be at least 1, or \"auto\" for one per CPU");
         }
+        if self.worker.start_timeout_ms == 0 {
+            bail!("worker.start_timeout_ms must be at least 1: how long a worker process may take to start serving");
+        }
         if self.worker.heartbeat() >= self.worker.lease() && self.worker.heartbeat_ms.is_some() {
             tracing::warn!(
                 "worker.heartbeat_ms ({}) is not below worker.lease_ms ({}): leases of long handlers will expire and be taken over",

@@ -51,6 +51,11 @@ pub struct WorkerConfig {
     /// With more than one process, and one per CPU this process may run on,
     /// pin each to its own CPU.
     pub pin: bool,
+    /// With more than one process: how long a worker process may take from
+    /// its start to serving (connecting, compiling its plugins) before the
+    /// supervisor kills it. A first start that times out stops the pool's
+    /// start; a restart that does is started again later.
+    pub start_timeout_ms: u64,
 }
 
 /// `worker.processes`: a count, or `"auto"`.
@@ -112,6 +117,7 @@ impl Default for WorkerConfig {
             compile_cache_dir: None,
             processes: Processes::Count(1),
             pin: true,
+            start_timeout_ms: 300_000,
         }
     }
 }

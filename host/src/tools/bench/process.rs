@@ -14,7 +14,18 @@ pub(super) fn cpu_seconds() -> f64 {
 
 /// Reset the kernel's peak-RSS mark of this process (Linux).
 pub(super) fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    reset_peak_rss_in("/proc/self/clear_refs");
+}
+
+/// Reset the kernel's peak-RSS mark of another process of this user.
+pub(super) fn reset_peak_rss_of(pid: u32) {
+    reset_peak_rss_in(&format!("/proc/{pid}/clear_refs"));
+}
+
+/// Write "5" (reset the peak) to a /proc clear_refs file; a process that
+/// is gone has no peak to reset.
+fn reset_peak_rss_in(clear_refs: &str) {
+    let _ = std::fs::write(clear_refs, "5");
 }
 
 /// Peak resident set since the last reset (KiB), from /proc/self/status.

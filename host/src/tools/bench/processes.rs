@@ -71,10 +71,10 @@ pub(super) async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let workers = children_of(pid);
+    let workers = crate::prefork::worker_pids(pid);
     for p in &workers {
         // Their start (loading components) is not the run's peak.
-        let _ = std::fs::write(format!("/proc/{p}/clear_refs"), "5");
+        super::process::reset_peak_rss_of(*p);
     }
     let done0 = backends.admin.counts().await?.done;
     let cpu0: f64 = workers.iter().map(|&p| cpu_seconds_of(p)).sum();
@@ -98,7 +98,7 @@ pub(super) async fn measure(
     let seconds = started.elapsed().as_secs_f64();
     let cpu = workers.iter().map(|&p| cpu_seconds_of(p)).sum::<f64>() - cpu0;
     let peak_rss_kib: u64 = workers.iter().map(|&p| peak_rss_kib_of(p)).sum();
-    if children_of(pid) != workers {
+    if crate::prefork::worker_pids(pid) != workers {
         return Err(failed("a worker process was restarted during the run".into()));
     }
     // SAFETY: kill has no memory effects; the supervisor is our child and
@@ -125,19 +125,6 @@ pub(super) async fn measure(
         cpu_s_per_1k: cpu / counted as f64 * 1000.0,
         peak_rss_mib: peak_rss_kib as f64 / 1024.0,
     })
-}
-
-/// The processes whose parent is `pid`, sorted.
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out: Vec<u32> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&p| stat_fields(p).and_then(|f| f.get(1)?.parse::<u32>().ok()) == Some(pid))
-        .collect();
-    out.sort_unstable();
-    out
 }
 
 /// The fields of /proc/PID/stat after the command name (state first).

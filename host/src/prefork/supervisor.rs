@@ -1,37 +1,13 @@
-//! `worker.processes`: `idem run` as the supervisor of several worker
-//! processes on one machine, each pinned to its own CPU.
-//!
-//! Why: an interpreter's instance (Python, JavaScript) writes pages of its
-//! copy-on-write heap image on every message, and each such fault makes the
-//! kernel flush the TLB of every other core running a thread of the same
-//! process. Processes pinned one per core never interrupt each other
-//! (docs/BENCHMARKS.md, "One process per core").
-//!
-//! The supervisor opens no backend and loads no plugin. It starts `idem run`
-//! again for each process, with the same configuration file and
-//! [`PROCESS_ENV`] naming the process, so that one runs the pool itself;
-//! waits for it to report ready on an inherited pipe; and starts it again
-//! when it dies. The first process starts alone, so the others find its
-//! compiled components in the compile cache instead of compiling them too.
-//! A process that fails before it is first ready stops the whole start, as
-//! a single `idem run` would; one that dies later is restarted after 1 s,
-//! doubling up to 30 s while it keeps dying within a minute.
-//!
-//! Signals: the first SIGTERM or SIGINT is passed on to every process, which
-//! drains as a single `idem run` does; a second is passed on again (each
-//! exits at once). SIGHUP is passed on (reload). A process gets signals only
-//! once it is ready. The processes run in a process group of their own, so
-//! a terminal's Ctrl-C reaches the supervisor alone, and each drains and
-//! stops if the supervisor dies ([`ORPHANED`]). Pinning needs one process
-//! per CPU this process may run on; otherwise they run unpinned.
+//! The supervisor's side of `worker.processes`: start each worker process,
+//! wait for its readiness report, pass signals on, start it again when it
+//! dies.
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -39,86 +15,13 @@ use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
-/// Set in a supervised process's environment: its index (0, 1, …).
-pub const PROCESS_ENV: &str = "IDEM_WORKER_PROCESS";
-/// Set in a supervised process's environment: the descriptor to report
-/// readiness on.
-const READY_ENV: &str = "IDEM_READY_FD";
-/// The descriptor a supervised process inherits for its readiness report.
-const READY_FD: i32 = 3;
-/// The signal a supervised process gets when its supervisor dies. Not
-/// SIGTERM: Linux sends it again each time the process is handed to another
-/// of the dying supervisor's threads, and a second SIGTERM means "exit at
-/// once"; the process drains on the first and ignores the rest.
-pub const ORPHANED: i32 = libc::SIGUSR2;
+use super::{ORPHANED, PROCESS_ENV, READY_ENV, READY_FD};
+
 /// A process that ran this long before dying is restarted after the first
 /// delay again.
 const STABLE: Duration = Duration::from_secs(60);
 const FIRST_DELAY: Duration = Duration::from_secs(1);
 const MAX_DELAY: Duration = Duration::from_secs(30);
-
-/// This process's place under a supervisor: its index and the readiness
-/// pipe, until it reports.
-static SUPERVISED: OnceLock<(usize, Mutex<Option<OwnedFd>>)> = OnceLock::new();
-/// Whether this process was started with [`PROCESS_ENV`] set, pipe or not.
-static STARTED_AS_WORKER: AtomicBool = AtomicBool::new(false);
-
-/// Call first thing in `main`, before any thread starts: if the supervisor
-/// started this process, take its index and readiness pipe. Both variables
-/// are removed from the environment (nothing this process starts inherits
-/// them), and descriptor 3 is taken only if it is the write end of a pipe,
-/// so a stray variable cannot make this process write into, or close, a
-/// descriptor that is not the supervisor's.
-pub fn take_supervision() {
-    use std::os::fd::FromRawFd;
-    let index = std::env::var(PROCESS_ENV).ok().and_then(|v| v.parse::<usize>().ok());
-    let fd = std::env::var(READY_ENV).ok();
-    STARTED_AS_WORKER.store(std::env::var_os(PROCESS_ENV).is_some(), Ordering::Relaxed);
-    std::env::remove_var(PROCESS_ENV);
-    std::env::remove_var(READY_ENV);
-    let (Some(index), Some("3")) = (index, fd.as_deref()) else { return };
-    // SAFETY: fstat and fcntl only read the descriptor's state into `stat`.
-    let is_pipe_end = unsafe {
-        let mut stat: libc::stat = std::mem::zeroed();
-        libc::fstat(READY_FD, &mut stat) == 0
-            && stat.st_mode & libc::S_IFMT == libc::S_IFIFO
-            && libc::fcntl(READY_FD, libc::F_GETFL) & libc::O_ACCMODE == libc::O_WRONLY
-    };
-    if !is_pipe_end {
-        return;
-    }
-    // SAFETY: descriptor 3 is an open pipe's write end that nothing else in
-    // this process owns (no thread has started, and the runtime opens its
-    // descriptors after this); it is owned from here on and closed once.
-    let pipe = unsafe { OwnedFd::from_raw_fd(READY_FD) };
-    // SAFETY: fcntl on a descriptor owned here.
-    unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    let _ = SUPERVISED.set((index, Mutex::new(Some(pipe))));
-}
-
-/// Whether this process was started as a worker process: then it runs the
-/// pool itself, whatever `worker.processes` says (a worker process never
-/// starts workers of its own).
-pub fn started_as_worker() -> bool {
-    STARTED_AS_WORKER.load(Ordering::Relaxed)
-}
-
-/// Which supervised process this is, if the supervisor started it.
-pub fn supervised() -> Option<usize> {
-    SUPERVISED.get().map(|(index, _)| *index)
-}
-
-/// Tell the supervisor this process is serving (nothing when unsupervised).
-pub fn ready() {
-    use std::io::Write;
-    let Some((_, pipe)) = SUPERVISED.get() else { return };
-    let Some(pipe) = pipe.lock().expect("readiness pipe poisoned").take() else {
-        return;
-    };
-    if let Err(e) = std::fs::File::from(pipe).write_all(b"ready\n") {
-        tracing::warn!(error = %e, "cannot report readiness to the supervisor");
-    }
-}
 
 /// What to start.
 pub struct Plan {
@@ -132,6 +35,8 @@ pub struct Plan {
     pub args: Vec<OsString>,
     /// `http.listen`: process K serves on its port + K (port 0 stays 0).
     pub listen: Option<String>,
+    /// How long a process may take to report ready before it is killed.
+    pub start_timeout: Duration,
 }
 
 impl Plan {
@@ -170,6 +75,16 @@ struct Slot {
     index: usize,
     cpu: Option<usize>,
     args: Vec<OsString>,
+    start_timeout: Duration,
+}
+
+/// How one process ended.
+struct Ended {
+    status: ExitStatus,
+    /// It had reported ready.
+    was_ready: bool,
+    /// It was killed for not reporting ready in time.
+    timed_out: bool,
 }
 
 enum Event {
@@ -217,7 +132,12 @@ pub async fn supervise(plan: Plan) -> Result<()> {
             args.extend(["--listen".into(), listen.into()]);
         }
         let cpu = if pinned { cpus.get(index).copied() } else { None };
-        slots.push(Slot { index, cpu, args });
+        slots.push(Slot {
+            index,
+            cpu,
+            args,
+            start_timeout: plan.start_timeout,
+        });
     }
     let program = Arc::new(plan.program);
     let (stop_tx, stop_rx) = watch::channel(0u32);
@@ -320,8 +240,15 @@ async fn keep(slot: Slot, program: Arc<PathBuf>, mut orders: Orders, events: mps
         let started = Instant::now();
         let outcome = run_once(&slot, &program, &mut orders, &events, first).await;
         let stopping = *orders.stop.borrow() > 0;
+        let late = |timed_out: bool| {
+            if timed_out {
+                format!(" (not ready within {:?}, worker.start_timeout_ms)", slot.start_timeout)
+            } else {
+                String::new()
+            }
+        };
         match outcome {
-            Ok((status, _)) if stopping => break Some(status),
+            Ok(Ended { status, .. }) if stopping => break Some(status),
             Err(_) if stopping => break None,
             Err(e) if first => {
                 let _ = events.send(Event::StartFailed {
@@ -330,19 +257,28 @@ async fn keep(slot: Slot, program: Arc<PathBuf>, mut orders: Orders, events: mps
                 });
                 break None;
             }
-            Ok((status, false)) if first => {
+            Ok(Ended {
+                status,
+                was_ready: false,
+                timed_out,
+            }) if first => {
                 let _ = events.send(Event::StartFailed {
                     index,
-                    why: describe(status) + " before it was ready",
+                    why: describe(status) + " before it was ready" + &late(timed_out),
                 });
                 break Some(status);
             }
-            Ok((status, was_ready)) => {
+            Ok(Ended {
+                status,
+                was_ready,
+                timed_out,
+            }) => {
                 first &= !was_ready;
                 delay = if started.elapsed() >= STABLE { FIRST_DELAY } else { delay };
                 tracing::warn!(
-                    "worker process {index} {}; starting it again in {delay:?} (it ran {:?})",
+                    "worker process {index} {}{}; starting it again in {delay:?} (it ran {:?})",
                     describe(status),
+                    late(timed_out),
                     started.elapsed()
                 );
             }
@@ -358,11 +294,12 @@ async fn keep(slot: Slot, program: Arc<PathBuf>, mut orders: Orders, events: mps
 }
 
 /// Start the slot's process and wait for it to end, passing on stops and
-/// SIGHUPs. Returns how it ended and whether it had reported ready.
+/// SIGHUPs. Returns how it ended.
 ///
 /// Signals go only to a process that reported ready: before that it may
 /// not have its handlers yet, and would die of them. A stop that comes
-/// while it starts is passed on once it is ready; a second stop kills it.
+/// while it starts is passed on once it is ready; a second stop kills it,
+/// and so does the start timeout.
 /// The process is not reaped before the loop ends, so its pid cannot have
 /// been reused by then.
 async fn run_once(
@@ -371,7 +308,7 @@ async fn run_once(
     orders: &mut Orders,
     events: &mpsc::UnboundedSender<Event>,
     first: bool,
-) -> Result<(ExitStatus, bool)> {
+) -> Result<Ended> {
     if *orders.stop.borrow() > 0 {
         bail!("stopping");
     }
@@ -404,6 +341,8 @@ async fn run_once(
     let mut readiness =
         tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader)).context("cannot watch the readiness pipe")?;
     let mut report = Vec::new();
+    let start_deadline = tokio::time::Instant::now() + slot.start_timeout;
+    let mut timed_out = false;
     let mut was_ready = false;
     let mut reading = true;
     let mut passed_on = 0;
@@ -432,6 +371,16 @@ async fn run_once(
                     let _ = events.send(Event::Ready { index: slot.index, first });
                 }
             }
+            _ = tokio::time::sleep_until(start_deadline), if !was_ready && !timed_out => {
+                timed_out = true;
+                tracing::error!(
+                    "worker process {} did not report ready within {:?} (worker.start_timeout_ms): killing it",
+                    slot.index,
+                    slot.start_timeout
+                );
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
             changed = orders.stop.changed(), if watching_stop => watching_stop = changed.is_ok(),
             changed = orders.hup.changed(), if watching_hup => {
                 watching_hup = changed.is_ok();
@@ -444,7 +393,11 @@ async fn run_once(
             }
         }
     };
-    Ok((status.context("cannot wait for a worker process")?, was_ready))
+    Ok(Ended {
+        status: status.context("cannot wait for a worker process")?,
+        was_ready,
+        timed_out,
+    })
 }
 
 /// In the child before exec: put the readiness pipe on descriptor 3, stop
@@ -484,6 +437,7 @@ mod tests {
             program: PathBuf::from("idem"),
             args: Vec::new(),
             listen: listen.map(str::to_string),
+            start_timeout: Duration::from_secs(1),
         }
     }
 
