@@ -22,10 +22,16 @@ local function dead_letter(plugin, key, msg_id, headers, payload, reason, attemp
   redis.call('LPUSH', KEYS[3], id)
 end
 
+-- The counts' changes, applied once at the end (one HINCRBY per state
+-- rather than two per claim).
+local delta = {}
+local function add(state, n)
+  delta[state] = (delta[state] or 0) + n
+end
 local function move(from, to)
   if from ~= to then
-    redis.call('HINCRBY', KEYS[1], from, -1)
-    redis.call('HINCRBY', KEYS[1], to, 1)
+    add(from, -1)
+    add(to, 1)
   end
 end
 
@@ -42,7 +48,7 @@ for i = 1, #KEYS - 4 do
     redis.call('HSET', ck, 'msg_id', msg_id, 'payload_hash', hash, 'state', 'running', 'fence', 1,
       'owner', owner, 'lease_until', now + lease_ms, 'not_before', 0, 'attempts', 1, 'traps', 0,
       'plugin_version', version, 'created_at', now, 'updated_at', now)
-    redis.call('HINCRBY', KEYS[1], 'running', 1)
+    add('running', 1)
     out[i] = {'acquired', 1, 1, 0}
   elseif c[1] ~= hash then
     local reason = 'conflict: key "' .. key .. '" of plugin ' .. plugin ..
@@ -82,5 +88,8 @@ for i = 1, #KEYS - 4 do
       out[i] = {'acquired', fence + 1, attempts + 1, traps}
     end
   end
+end
+for state, n in pairs(delta) do
+  if n ~= 0 then redis.call('HINCRBY', KEYS[1], state, n) end
 end
 return out

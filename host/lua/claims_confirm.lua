@@ -6,19 +6,32 @@
 -- ARGV[1]   now; ARGV[2i] fence of claim i; ARGV[2i+1] its result, stored
 --           as '=' .. bytes ('' when the handler returned none)
 -- Returns per claim: 1 confirmed, 0 stale
+--
+-- The counts and the retention index change once for the batch.
 local out = {}
 local settled = KEYS[#KEYS]
+local index = {}
 for i = 2, #KEYS - 1 do
   local fence, result = ARGV[2 * (i - 1)], ARGV[2 * (i - 1) + 1]
   local c = redis.call('HMGET', KEYS[i], 'fence', 'state')
   if c[1] and tonumber(c[1]) == tonumber(fence) and c[2] == 'running' then
     redis.call('HSET', KEYS[i], 'state', 'done', 'owner', '', 'lease_until', 0, 'last_error', '', 'updated_at', ARGV[1], 'result', result)
-    redis.call('HINCRBY', KEYS[1], 'running', -1)
-    redis.call('HINCRBY', KEYS[1], 'done', 1)
-    redis.call('ZADD', settled, ARGV[1], KEYS[i])
+    index[#index + 1] = ARGV[1]
+    index[#index + 1] = KEYS[i]
     out[i - 1] = 1
   else
     out[i - 1] = 0
+  end
+end
+local confirmed = #index / 2
+if confirmed > 0 then
+  redis.call('HINCRBY', KEYS[1], 'running', -confirmed)
+  redis.call('HINCRBY', KEYS[1], 'done', confirmed)
+  -- Score, member pairs in chunks, as unpack() is limited by Lua's stack.
+  for first = 1, #index, 1000 do
+    local args = {'ZADD', settled}
+    for j = first, math.min(first + 999, #index) do args[#args + 1] = index[j] end
+    redis.call(unpack(args))
   end
 end
 return out

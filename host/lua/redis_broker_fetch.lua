@@ -1,5 +1,6 @@
--- Take up to ARGV[3] deliveries for one consumer: first entries whose
--- visibility ran out (their consumer died or gave up), then new entries.
+-- Take up to ARGV[3] deliveries for one consumer: first, when ARGV[7] is
+-- '1', entries whose visibility ran out (their consumer died or gave up),
+-- then new entries.
 -- KEYS[1]  stream
 -- ARGV[1]  consumer group
 -- ARGV[2]  consumer (this broker instance)
@@ -8,7 +9,13 @@
 -- ARGV[5]  idle time (ms) to give each delivery: horizon - visibility, so
 --          it becomes claimable exactly when its own visibility ends
 -- ARGV[6]  XAUTOCLAIM cursor to resume the scan of the pending list from
--- Returns {next cursor, last entry id ("" unless nothing was taken),
+-- ARGV[7]  '1': scan the pending list for expired deliveries (XAUTOCLAIM)
+--          and trim settled entries from the stream's head; '0': neither.
+--          Both walk the stream (Redis checks every pending entry it scans
+--          still exists), so the client asks for them about once a second,
+--          not on every fetch.
+-- Returns {next cursor (ARGV[6] when not scanned),
+--          last entry id ("" unless nothing was taken),
 --          {{entry id, times delivered by the group, {field, value, ...}}, ...}}
 --
 -- Redis measures visibility as idle time and lets the claimer choose the
@@ -19,9 +26,13 @@
 -- pending without its visibility set, even if the client dies mid-fetch.
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local max = tonumber(ARGV[3])
+local scan = ARGV[7] == '1'
 local out, ids = {}, {}
 
-local claimed = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[4], ARGV[6], 'COUNT', max)
+local claimed = {ARGV[6], {}}
+if scan then
+  claimed = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[4], ARGV[6], 'COUNT', max)
+end
 for _, entry in ipairs(claimed[2]) do
   -- Entries deleted from the stream come back as nil on Redis 6.2.
   if type(entry) == 'table' and type(entry[2]) == 'table' then
@@ -53,6 +64,33 @@ for first = 1, #ids, 1000 do
   args[#args + 1] = ARGV[5]
   args[#args + 1] = 'JUSTID'
   redis.call(unpack(args))
+end
+
+-- Settled entries are acked, not deleted one by one (XDEL walks the
+-- stream for each): the head of the stream below the oldest pending
+-- delivery is settled, and goes here, in whole nodes. With nothing pending
+-- everything the group has read is settled, and goes exactly.
+if scan then
+  local oldest = redis.call('XPENDING', stream, group, '-', '+', 1)
+  if oldest[1] then
+    redis.call('XTRIM', stream, 'MINID', '~', oldest[1][1])
+  else
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      local info = {}
+      for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+      if info['name'] == group then
+        -- Up to the id right after it (a sequence too long for Lua's
+        -- numbers to add one to exactly: in whole nodes, below it).
+        local last_read = info['last-delivered-id']
+        local ms, seq = string.match(last_read, '^(%d+)-(%d+)$')
+        if ms and #seq <= 15 then
+          redis.call('XTRIM', stream, 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
+        else
+          redis.call('XTRIM', stream, 'MINID', '~', last_read)
+        end
+      end
+    end
+  end
 end
 
 -- Nothing to take: tell the client where the stream ends, so it can block

@@ -1,5 +1,5 @@
 -- Give a delivery back: re-queue a copy of its entry due at ARGV[5] and
--- remove the original, but only if ARGV[2] still holds this delivery (a
+-- settle the original, but only if ARGV[2] still holds this delivery (a
 -- stale receipt, whose entry was acked, re-queued or taken over, changes
 -- nothing).
 -- KEYS[1]  stream
@@ -46,6 +46,7 @@ if entry[1] and type(entry[1][2]) == 'table' then
   end
 end
 
+-- Acked, not deleted: the fetch script trims settled entries from the
+-- stream's head (see redis_broker_fetch.lua).
 redis.call('XACK', stream, group, id)
-redis.call('XDEL', stream, id)
 return 1

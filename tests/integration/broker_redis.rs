@@ -115,6 +115,49 @@ async fn foreign_and_malformed_entries_are_still_delivered() {
     assert_eq!(b.pending().await.unwrap(), 0);
 }
 
+/// An ack is XACK alone: the settled entries stay in the stream until a
+/// fetch's scan trims them, and `pending` counts the group's pending list
+/// and lag, not the stream's length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_entries_are_trimmed_by_a_later_fetch() {
+    let ns = unique_namespace("redis");
+    let _keys = RedisKeys(ns.clone());
+    let b = brokers::redis(&ns).await;
+    let conn = redis_conn().await;
+    let stream = format!("{ns}:queue");
+    let xlen = |mut conn: redis::aio::MultiplexedConnection| {
+        let stream = stream.clone();
+        async move { redis::cmd("XLEN").arg(&stream).query_async::<u64>(&mut conn).await.unwrap() }
+    };
+    const N: usize = 300;
+    let all: Vec<Envelope> = (0..N).map(|i| envelope(&format!("m{i}"))).collect();
+    b.publish(&all, Duration::ZERO).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < N {
+        got.extend(fetch_until(&b, N, Duration::from_secs(60), "the published entries").await);
+    }
+    assert_eq!(got.len(), N);
+    assert_eq!(b.pending().await.unwrap(), N as u64);
+    b.ack(&receipts(&got)).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 0, "acked entries are not pending");
+    assert_eq!(xlen(conn.clone()).await, N as u64, "acked, not deleted one by one");
+    // Nothing is pending now, so a scan trims every entry read. A short
+    // visibility: scans come every 100 ms.
+    let visibility = Duration::from_millis(400);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while xlen(conn.clone()).await > 0 {
+        assert!(std::time::Instant::now() < deadline, "settled entries were never trimmed");
+        assert!(b.fetch(10, visibility).await.unwrap().is_empty());
+    }
+    // An entry published since is not trimmed, and counts.
+    b.publish(&[envelope("late")], Duration::ZERO).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 1);
+    let late = fetch_until(&b, 1, visibility, "late").await;
+    assert_eq!(ids(&late), vec!["late"]);
+    b.ack(&receipts(&late)).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_group_is_recreated_when_redis_loses_it() {
     let ns = unique_namespace("redis");

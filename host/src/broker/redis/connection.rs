@@ -21,6 +21,7 @@ pub(super) struct Scripts {
     pub(super) nack: Script,
     pub(super) extend: Script,
     pub(super) gc: Script,
+    pub(super) pending: Script,
 }
 
 impl Scripts {
@@ -31,11 +32,12 @@ impl Scripts {
             nack: Script::new(include_str!("../../../lua/redis_broker_nack.lua")),
             extend: Script::new(include_str!("../../../lua/redis_broker_extend.lua")),
             gc: Script::new(include_str!("../../../lua/redis_broker_gc.lua")),
+            pending: Script::new(include_str!("../../../lua/redis_broker_pending.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 5] {
-        [&self.promote, &self.fetch, &self.nack, &self.extend, &self.gc]
+    fn all(&self) -> [&Script; 6] {
+        [&self.promote, &self.fetch, &self.nack, &self.extend, &self.gc, &self.pending]
     }
 }
 
@@ -64,7 +66,7 @@ impl RedisBroker {
             delayed: format!("{namespace}:delayed"),
             consumer: format!("{}-{}", crate::text::hostname(), uuid::Uuid::new_v4().simple()),
             scripts: Scripts::new(),
-            cursor: Mutex::new("0-0".into()),
+            scan: Mutex::new(super::fetch::Scan::new()),
         };
         broker.ensure_group().await.with_context(|| {
             format!(

@@ -1,7 +1,8 @@
 //! Taking deliveries: due delayed entries are promoted into the stream,
-//! then the fetch script reads new entries and claims expired ones.
+//! then the fetch script reads new entries and, about once a second,
+//! claims expired ones and trims settled entries.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -14,11 +15,39 @@ use crate::now_ms;
 /// script, and Redis serves nobody else while it runs.
 const PROMOTE_LIMIT: usize = 1_000;
 
+/// Longest time between two scans of the pending list for expired
+/// deliveries (and trims of settled entries). Each scan walks the stream for
+/// every pending delivery it looks at, so it is not done on every fetch; an
+/// expired delivery waits at most this long (or a quarter of the
+/// visibility, if that is shorter) past its visibility to be taken.
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the scan of the pending list is.
+pub(super) struct Scan {
+    /// Where the last `XAUTOCLAIM` stopped; the next scan resumes there so
+    /// every pending entry is looked at in turn.
+    cursor: String,
+    /// When the next scan is due.
+    due: Instant,
+}
+
+impl Scan {
+    pub(super) fn new() -> Self {
+        Scan {
+            cursor: "0-0".into(),
+            due: Instant::now(),
+        }
+    }
+}
+
 impl RedisBroker {
     /// Move due delayed entries into the stream, then take what is there.
     pub(super) async fn take(&self, max: usize, visibility: Duration) -> Result<Taken, BrokerError> {
         let now = now_ms();
-        let cursor = self.cursor.lock().expect("cursor lock poisoned").clone();
+        let (scan, cursor) = {
+            let s = self.scan.lock().expect("scan lock poisoned");
+            (Instant::now() >= s.due, s.cursor.clone())
+        };
         let idle = CLAIM_HORIZON.saturating_sub(visibility);
         let mut promote = self.scripts.promote.key(&self.delayed);
         promote.key(&self.stream).arg(now).arg(PROMOTE_LIMIT);
@@ -29,14 +58,25 @@ impl RedisBroker {
             .arg(max)
             .arg(CLAIM_HORIZON.as_millis() as u64)
             .arg(idle.as_millis() as u64)
-            .arg(&cursor);
+            .arg(&cursor)
+            .arg(if scan { "1" } else { "0" });
         // One round trip: the promotion is its own script so that it stays
         // atomic on its own, whatever the fetch does after it.
         let mut pipe = redis::pipe();
         pipe.invoke_script(&promote).ignore().invoke_script(&fetch);
         let (reply,): (Value,) = self.query(&pipe).await?;
         let taken = parse_taken(reply)?;
-        *self.cursor.lock().expect("cursor lock poisoned") = taken.cursor.clone();
+        if scan {
+            let mut s = self.scan.lock().expect("scan lock poisoned");
+            // A scan that stopped inside the pending list goes on at the next
+            // fetch; one that reached its end waits.
+            s.due = if taken.cursor == "0-0" {
+                Instant::now() + SCAN_EVERY.min(visibility / 4)
+            } else {
+                Instant::now()
+            };
+            s.cursor = taken.cursor.clone();
+        }
         Ok(taken)
     }
 }

@@ -28,6 +28,16 @@
 //! becomes claimable exactly when its own visibility ends. (`XPENDING`
 //! therefore shows an idle time of `CLAIM_HORIZON -` the time left.)
 //!
+//! Expired deliveries are looked for about once a second (a scan of the
+//! pending list walks the stream for each entry it looks at), so one is
+//! taken up to a second (or a quarter of its visibility) after it expires.
+//!
+//! Settling: an ack is `XACK`. Settled entries stay in the stream until the
+//! same scan trims the stream's head below the oldest pending delivery
+//! (`XDEL` of each would walk the stream once per entry), so `XLEN` counts
+//! them meanwhile; [`Broker::pending`] counts the group's pending list and
+//! its lag instead.
+//!
 //! Receipts are `<entry id>/<times delivered>`: the pair identifies one
 //! delivery, so a stale receipt (its entry taken over by another consumer,
 //! or redelivered to this one) cannot nack or extend the newer delivery.
@@ -83,9 +93,8 @@ pub struct RedisBroker {
     delayed: String,
     consumer: String,
     scripts: Scripts,
-    /// Where the last `XAUTOCLAIM` stopped scanning the pending list; the
-    /// next fetch resumes there so every pending entry is looked at in turn.
-    cursor: Mutex<String>,
+    /// The scan of the pending list for expired deliveries.
+    scan: Mutex<fetch::Scan>,
 }
 
 #[async_trait]
@@ -168,20 +177,11 @@ impl Broker for RedisBroker {
             .map(|r| parse_receipt(r).map(|(id, _)| id))
             .collect::<Result<Vec<_>, _>>()?;
         // No ownership check, as in the SQLite broker: the worker acks only
-        // once the outcome is durable, and then nobody needs the entry.
-        // XDEL as well as XACK, so the stream holds only unsettled entries
-        // and XLEN counts them.
+        // once the outcome is durable, and then nobody needs the entry. The
+        // entries stay in the stream until a fetch trims its settled head:
+        // deleting each (XDEL) would walk the stream for every one.
         let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XACK")
-            .arg(&self.stream)
-            .arg(GROUP)
-            .arg(&ids)
-            .ignore()
-            .cmd("XDEL")
-            .arg(&self.stream)
-            .arg(&ids)
-            .ignore();
+        pipe.cmd("XACK").arg(&self.stream).arg(GROUP).arg(&ids).ignore();
         self.query::<()>(&pipe).await
     }
 
@@ -226,10 +226,12 @@ impl Broker for RedisBroker {
     }
 
     async fn pending(&self) -> Result<u64, BrokerError> {
+        let mut count = self.scripts.pending.key(&self.stream);
+        count.key(&self.delayed).arg(GROUP);
         let mut pipe = redis::pipe();
-        pipe.cmd("XLEN").arg(&self.stream).cmd("ZCARD").arg(&self.delayed);
-        let (queued, delayed): (u64, u64) = self.query(&pipe).await?;
-        Ok(queued + delayed)
+        pipe.invoke_script(&count);
+        let (pending,): (u64,) = self.query(&pipe).await?;
+        Ok(pending)
     }
 }
 
