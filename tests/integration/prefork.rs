@@ -8,17 +8,14 @@ use std::process::Child;
 use std::time::Duration;
 
 use idem_host::config::Processes;
-use idem_host::prefork::worker_pids;
+use idem_host::prefork::{stat_fields, worker_pids};
 use idem_host::tools::demo::{verify, Schedule};
 
 use crate::common::*;
 
 /// Whether a process has exited (gone, or a zombie nobody reaped yet).
 fn exited(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z"),
-        Err(_) => true,
-    }
+    stat_fields(pid).is_none_or(|f| f.first().map(String::as_str) == Some("Z"))
 }
 
 /// The CPUs a process may run on, as /proc lists them ("0", "0-1").

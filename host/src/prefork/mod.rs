@@ -112,11 +112,7 @@ pub fn ready() {
 /// The worker processes a supervisor (`pid`) has started and not yet
 /// reaped, sorted: the processes whose parent it is, from /proc.
 pub fn worker_pids(supervisor: u32) -> Vec<u32> {
-    let parent_of = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The command name (in parentheses) may hold spaces: skip past it.
-        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
-    };
+    let parent_of = |pid: u32| -> Option<u32> { stat_fields(pid)?.get(1)?.parse().ok() };
     let mut out: Vec<u32> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -126,4 +122,13 @@ pub fn worker_pids(supervisor: u32) -> Vec<u32> {
         .collect();
     out.sort_unstable();
     out
+}
+
+/// The fields of /proc/PID/stat after the command name (the state first,
+/// then the parent's pid, …); `None` once the process is reaped. The
+/// command name is skipped past its last ')', as it may hold spaces.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
 }

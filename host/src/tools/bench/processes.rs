@@ -127,18 +127,11 @@ pub(super) async fn measure(
     })
 }
 
-/// The fields of /proc/PID/stat after the command name (state first).
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = text.rsplit_once(')')?;
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
 /// User + system CPU seconds of a process.
 fn cpu_seconds_of(pid: u32) -> f64 {
     // SAFETY: sysconf has no memory effects.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    stat_fields(pid)
+    crate::prefork::stat_fields(pid)
         .map(|f| {
             let field = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
             (field(11) + field(12)) / ticks
