@@ -143,9 +143,12 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
         conn.close().await.ok();
     }
     // The application name lets an operator see (and a test terminate) a
-    // deployment's connections in pg_stat_activity.
+    // deployment's connections in pg_stat_activity. Every execution of a
+    // statement is planned for the table as it is then: a prepared
+    // statement's generic plan, made once, would keep a sequential scan
+    // chosen while the claims table was small as it grows.
     let options = base
-        .options([("search_path", namespace)])
+        .options([("search_path", namespace), ("plan_cache_mode", "force_custom_plan")])
         .application_name(&format!("idem {namespace}"));
     let pool = PgPoolOptions::new()
         .max_connections(max_connections.max(2))

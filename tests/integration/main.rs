@@ -26,5 +26,6 @@ mod operating;
 mod outage;
 mod pool;
 mod prefork;
+mod query_plans;
 mod sandbox;
 mod write_behind;

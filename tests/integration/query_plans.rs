@@ -1,0 +1,173 @@
+//! The Postgres claim store's hot path finds claim rows by primary key,
+//! whatever else the table holds. A secondary index the planner prefers
+//! (an index on `state` did this) turns every batch into a scan that grows
+//! with the claims settled since the last vacuum.
+
+use idem_host::backend::open_postgres;
+use idem_host::claim::{ClaimRef, ClaimRequest};
+use idem_host::config::StoreKind;
+use idem_host::envelope::payload_hash;
+use serde_json::Value;
+use sqlx::Row;
+
+use crate::conformance::{request, Served};
+
+/// One hot-path statement, and the arguments of `EXECUTE` for a batch of
+/// claims of these keys, as the worker binds them.
+struct Statement {
+    name: &'static str,
+    sql: &'static str,
+    args: fn(&[String]) -> String,
+}
+
+/// Plugins, keys and fences of a batch.
+fn batch(keys: &[String]) -> String {
+    format!(
+        "{}, {}, ARRAY[{}]::bigint[]",
+        literal(&vec!["p".to_string(); keys.len()]),
+        literal(keys),
+        vec!["1"; keys.len()].join(",")
+    )
+}
+
+fn statements() -> Vec<Statement> {
+    vec![
+        Statement {
+            name: "fence_batch_claim_row",
+            sql: include_str!("../../host/queries/postgres/fence_batch_claim_row.sql"),
+            args: batch,
+        },
+        Statement {
+            name: "kv_upsert_batch_claim_row",
+            sql: include_str!("../../host/queries/postgres/kv_upsert_batch_claim_row.sql"),
+            args: |keys| {
+                let values = vec!["'\\x76'::bytea"; keys.len()].join(",");
+                format!(
+                    "{}, {}, {}, ARRAY[{values}], 1000",
+                    batch(keys),
+                    literal(&vec!["c".to_string(); keys.len()]),
+                    literal(keys)
+                )
+            },
+        },
+        Statement {
+            name: "claim_confirm",
+            sql: include_str!("../../host/queries/postgres/claim_confirm.sql"),
+            args: |keys| format!("{}, 1000, ARRAY[{}]::bytea[]", batch(keys), vec!["NULL"; keys.len()].join(",")),
+        },
+        Statement {
+            name: "claim_extend",
+            sql: include_str!("../../host/queries/postgres/claim_extend.sql"),
+            args: |keys| format!("{}, 2000, 1000", batch(keys)),
+        },
+        Statement {
+            name: "claim_results",
+            sql: include_str!("../../host/queries/postgres/claim_results.sql"),
+            args: |keys| format!("{}, {}", literal(&vec!["p".to_string(); keys.len()]), literal(keys)),
+        },
+        Statement {
+            name: "fence_check",
+            sql: include_str!("../../host/queries/postgres/fence_check.sql"),
+            args: |keys| format!("'p', '{}', 1", keys[0]),
+        },
+    ]
+}
+
+/// Every scan of `claims` in a JSON plan: (node type, index name).
+fn scans_of_claims(plan: &Value, out: &mut Vec<(String, String)>) {
+    if plan.get("Relation Name").and_then(Value::as_str) == Some("claims")
+        && plan.get("Node Type").and_then(Value::as_str) != Some("ModifyTable")
+    {
+        out.push((
+            plan["Node Type"].as_str().unwrap_or("?").to_string(),
+            plan.get("Index Name").and_then(Value::as_str).unwrap_or("").to_string(),
+        ));
+    }
+    if let Some(children) = plan.get("Plans").and_then(Value::as_array) {
+        for child in children {
+            scans_of_claims(child, out);
+        }
+    }
+}
+
+/// A literal of `keys`' arguments for `EXECUTE`, in the order `args` binds
+/// them (test keys need no escaping).
+fn literal(values: &[String]) -> String {
+    format!("ARRAY[{}]", values.iter().map(|v| format!("'{v}'")).collect::<Vec<_>>().join(","))
+}
+
+/// A table as a busy pool leaves it between vacuums: 40,000 claims taken,
+/// all but 300 confirmed, never analyzed. Each hot-path statement is
+/// prepared and run on the pool's own connection while the table is still
+/// empty (so a generic plan, were one cached, would be made for an empty
+/// table), then planned again on the full table for batches of 64 and 256
+/// claims: each reaches `claims` only through its primary key. Fails with
+/// an index on `state` (bitmap scans of every entry 'running' ever had) and
+/// with cached generic plans (a sequential scan chosen for the empty
+/// table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_hot_path_statements_find_claims_by_primary_key() {
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    let url = crate::common::services::postgres();
+    let pool = open_postgres(&url, &s.config.namespace, 2, "claims").await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let keys: Vec<String> = (0..40_000).map(|i| format!("k{i}")).collect();
+    let running = &keys[39_700..];
+    for st in statements() {
+        sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE {} AS {}", st.name, st.sql)))
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", st.name));
+        for _ in 0..6 {
+            sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE {}({})", st.name, (st.args)(&running[..64]))))
+                .execute(&mut *conn)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", st.name));
+        }
+    }
+
+    let claims = &s.backends.claims;
+    let payload = b"x";
+    let hash = payload_hash(payload);
+    for chunk in keys.chunks(1_000) {
+        let requests: Vec<ClaimRequest> = chunk.iter().map(|k| request(k, &hash, payload, 3)).collect();
+        claims.claim(&requests, 1_000).await.unwrap();
+    }
+    let settled: Vec<ClaimRef> = keys[..39_700]
+        .iter()
+        .map(|k| ClaimRef {
+            plugin: "p".into(),
+            key: k.clone(),
+            fence: 1,
+        })
+        .collect();
+    for chunk in settled.chunks(1_000) {
+        let confirmed = claims.confirm_with_results(chunk, &vec![None; chunk.len()], 1_500).await.unwrap();
+        assert!(confirmed.iter().all(|c| *c));
+    }
+
+    for n in [64, 256] {
+        for st in statements() {
+            let explain = format!("EXPLAIN (FORMAT JSON) EXECUTE {}({})", st.name, (st.args)(&running[..n]));
+            let row = sqlx::query(sqlx::AssertSqlSafe(explain))
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", st.name));
+            // A `json` column: its text, whichever format it came in.
+            let plan: Value = serde_json::from_str(&row.try_get_unchecked::<String, _>(0).unwrap()).unwrap();
+            let mut scans = Vec::new();
+            scans_of_claims(&plan[0]["Plan"], &mut scans);
+            assert!(!scans.is_empty(), "{} ({n} claims) reads claims: {plan}", st.name);
+            for (node, index) in &scans {
+                assert!(
+                    node.starts_with("Index") && index == "claims_pkey",
+                    "{} ({n} claims) reaches claims by {node} {index:?}, not by its primary key: {plan}",
+                    st.name
+                );
+            }
+        }
+    }
+    drop(conn);
+    pool.close().await;
+    s.cleanup().await;
+}
