@@ -5,7 +5,7 @@
 //! decided one by one. Both go in key order, so two workers claiming
 //! overlapping batches queue behind each other instead of deadlocking.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 use sqlx::{PgPool, Postgres, Row, Transaction};
@@ -59,38 +59,34 @@ async fn insert_dead_letter(
 /// the positions (in `requests`) acquired with fence 1. Only the first
 /// request for a key is tried here; the rest (and every key that exists)
 /// are locked and decided one by one.
-async fn insert_new_keys(
+async fn insert_new_keys<'a>(
     tx: &mut Transaction<'static, Postgres>,
-    requests: &[ClaimRequest<'_>],
-    order: &[usize],
+    requests: &[ClaimRequest<'a>],
     now: i64,
 ) -> Result<HashSet<usize>, ClaimError> {
-    let mut seen = HashSet::new();
-    let first: Vec<usize> = order
-        .iter()
-        .copied()
-        .filter(|&i| seen.insert((requests[i].plugin, requests[i].key)))
-        .collect();
-    let column = |f: &dyn Fn(&ClaimRequest<'_>) -> String| first.iter().map(|&i| f(&requests[i])).collect::<Vec<_>>();
+    let mut first: HashMap<(&str, &str), usize> = HashMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        first.entry((r.plugin, r.key)).or_insert(i);
+    }
+    let items: Vec<&ClaimRequest<'a>> = first.values().map(|&i| &requests[i]).collect();
+    let column = |f: fn(&ClaimRequest<'a>) -> &'a str| items.iter().map(|r| f(r)).collect::<Vec<&str>>();
     let rows = sqlx::query(include_str!("../../queries/postgres/claim_insert_many.sql"))
-        .bind(column(&|r| r.plugin.to_string()))
-        .bind(column(&|r| r.key.to_string()))
-        .bind(column(&|r| r.msg_id.to_string()))
-        .bind(column(&|r| r.payload_hash.to_string()))
-        .bind(column(&|r| r.owner.to_string()))
-        .bind(first.iter().map(|&i| now + requests[i].lease_ms).collect::<Vec<_>>())
-        .bind(column(&|r| r.plugin_version.to_string()))
+        .bind(column(|r| r.plugin))
+        .bind(column(|r| r.key))
+        .bind(column(|r| r.msg_id))
+        .bind(column(|r| r.payload_hash))
+        .bind(column(|r| r.owner))
+        .bind(items.iter().map(|r| now + r.lease_ms).collect::<Vec<_>>())
+        .bind(column(|r| r.plugin_version))
         .bind(now)
         .fetch_all(&mut **tx)
         .await?;
-    let mut inserted = HashSet::with_capacity(rows.len());
+    let mut acquired = HashSet::with_capacity(rows.len());
     for row in rows {
-        inserted.insert((row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?));
+        let (plugin, key): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+        acquired.extend(first.get(&(plugin.as_str(), key.as_str())));
     }
-    Ok(first
-        .into_iter()
-        .filter(|&i| inserted.contains(&(requests[i].plugin.to_string(), requests[i].key.to_string())))
-        .collect())
+    Ok(acquired)
 }
 
 /// Check `claim`'s fence inside `tx`, share-locking the claim row.
@@ -116,7 +112,7 @@ fn arrays(claims: &[ClaimRef]) -> (Vec<String>, Vec<String>, Vec<i64>) {
 /// and fence, so a stale fence in the same batch as the current one for the
 /// same key is not mistaken for it.
 fn answered(claims: &[ClaimRef], rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<bool>, ClaimError> {
-    let mut hit = std::collections::HashSet::new();
+    let mut hit = HashSet::new();
     for r in rows {
         hit.insert((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?, r.try_get::<i64, _>(2)?));
     }
@@ -151,7 +147,7 @@ impl ClaimStore for PgClaims {
                 .then(a.cmp(&b))
         });
         let mut out = vec![ClaimOutcome::Done; requests.len()];
-        let fresh = insert_new_keys(&mut tx, requests, &order, now).await?;
+        let fresh = insert_new_keys(&mut tx, requests, now).await?;
         for i in order {
             let r = &requests[i];
             if fresh.contains(&i) {
@@ -302,7 +298,7 @@ impl ClaimStore for PgClaims {
             .bind(keys.iter().map(|(_, k)| k.to_string()).collect::<Vec<_>>())
             .fetch_all(&self.pool)
             .await?;
-        let mut found = std::collections::HashMap::new();
+        let mut found = HashMap::new();
         for r in rows {
             found.insert(
                 (r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?),
