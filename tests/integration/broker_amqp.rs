@@ -169,7 +169,9 @@ async fn amqp_pool_runs_concurrent_duplicates_once() {
         );
         let copies: Vec<_> = (0..5).map(|_| payment.clone()).collect();
         pool.backends.broker.publish(&copies, Duration::ZERO).await.unwrap();
-        env.mock.wait_for_held().await;
+        tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
+            .await
+            .expect("the held charge to arrive");
         wait_until(Duration::from_secs(10), "the other copies to find the key busy", || async {
             pool.counters.snapshot().busy >= 4
         })

@@ -190,12 +190,12 @@ async fn the_worker_runs_on_redis() {
     env.config.namespace = ns.clone();
     env.config.broker.kind = BrokerKind::Redis;
     env.config.broker.url = Some(services::redis());
-    env.config.worker.lease_ms = 400;
+    env.config.worker.lease_ms = 1_000;
     env.config.worker.heartbeat_ms = Some(100);
-    env.config.worker.visibility_ms = 400;
+    env.config.worker.visibility_ms = 1_000;
     env.config.retry.max_attempts = 3;
     env.config.retry.base_delay_ms = 50;
-    env.mock.state.lock().unwrap().slow_for = Duration::from_millis(1_500);
+    env.mock.state.lock().unwrap().slow_for = Duration::from_millis(3_800);
     env.mock.state.lock().unwrap().slow.insert("pay-long".into());
     let payment = |id: &str| {
         message(

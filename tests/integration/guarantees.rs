@@ -49,7 +49,9 @@ async fn g3_concurrent_duplicates_run_once() {
     let copies: Vec<_> = (0..5).map(|_| payment("pay-conc")).collect();
     pool.backends.broker.publish(&copies, Duration::ZERO).await.unwrap();
     // The first execution is now blocked inside its charge call.
-    env.mock.wait_for_held().await;
+    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
+        .await
+        .expect("the held charge to arrive");
     wait_until(Duration::from_secs(10), "the other copies to find the key busy", || async {
         pool.counters.snapshot().busy >= 4
     })
@@ -76,16 +78,25 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
     env.config.worker.lease_ms = 300;
     env.config.worker.visibility_ms = 300;
     env.mock.state.lock().unwrap().held.insert("payments/pay-fence".into());
-    // Worker A has no heartbeat: its lease lapses while its handler is paused.
-    let a = env.start_with(|o| o.heartbeat = None).await;
+    // Worker A has no heartbeat: its lease lapses while its handler is
+    // paused. Its deliveries stay invisible for 2 s, so on a slow machine
+    // A cannot be handed its own message again before its charge arrives.
+    let a = env
+        .start_with(|o| {
+            o.heartbeat = None;
+            o.visibility = Duration::from_secs(2);
+        })
+        .await;
     a.backends.broker.publish(&[payment("pay-fence")], Duration::ZERO).await.unwrap();
-    env.mock.wait_for_held().await;
+    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
+        .await
+        .expect("the held charge to arrive");
     a.shutdown.cancel(); // A fetches nothing more; its paused execution goes on.
 
     // Worker B takes the claim over once A's lease has expired.
     let b = env.start().await;
     // B counts a message done after its confirm commits: wait for both.
-    wait_until(Duration::from_secs(10), "worker B to complete the message", || async {
+    wait_until(Duration::from_secs(30), "worker B to complete the message", || async {
         state(&b, "record-payment", "pay-fence").await == Some("done") && b.counters.snapshot().done >= 1
     })
     .await;
@@ -118,10 +129,12 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g5_long_handler_keeps_its_lease() {
     let mut env = Env::new().await;
-    env.config.worker.lease_ms = 400;
+    // Four leases long, extended every tenth of one: a scheduling stall of
+    // most of a lease on a loaded machine is not a lost lease.
+    env.config.worker.lease_ms = 1_000;
     env.config.worker.heartbeat_ms = Some(100);
-    env.config.worker.visibility_ms = 400;
-    env.mock.state.lock().unwrap().slow_for = Duration::from_millis(1_500);
+    env.config.worker.visibility_ms = 1_000;
+    env.mock.state.lock().unwrap().slow_for = Duration::from_millis(4_000);
     env.mock.state.lock().unwrap().slow.insert("pay-long".into());
     let pool = env.start().await;
     pool.backends.broker.publish(&[payment("pay-long")], Duration::ZERO).await.unwrap();
@@ -336,6 +349,9 @@ async fn a_done_execution_awaiting_its_confirm_is_never_dead_lettered() {
                 .await
                 .is_some_and(|s| s != "running")
                 && pool.counters.snapshot().duplicates >= 1
+                // Counted once the confirm's commit has returned, just
+                // after the state shows it.
+                && pool.counters.snapshot().done >= 1
         },
     )
     .await;
@@ -347,26 +363,25 @@ async fn a_done_execution_awaiting_its_confirm_is_never_dead_lettered() {
 }
 
 /// G3 and G5 with clocks that disagree. Worker B's wall clock runs two
-/// leases ahead of A's; A runs a handler one and a half leases long; B, its slot
-/// free, keeps receiving a duplicate. Lease times come from the claim
-/// store's clock (Postgres here), so B finds the key busy every time: one
-/// execution, never taken over. (Were B's wall clock used, A's lease would
-/// look expired to B at once.)
+/// leases ahead of A's; A's handler is held inside its charge until B has
+/// been told the key is busy and A's heartbeat has carried its lease past
+/// its first end; B, its slot free, keeps receiving a duplicate. Lease
+/// times come from the claim store's clock (Postgres here), so B finds the
+/// key busy every time: one execution, never taken over. (Were B's wall
+/// clock used, A's lease would look expired to B at once.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_lease() {
     let mut env = Env::new().await;
     env.config.namespace = unique_namespace("clock");
     env.use_postgres(4);
     env.config.worker.shutdown_grace_ms = 60_000;
-    let lease = Duration::from_millis(env.config.worker.lease_ms);
-    env.mock.state.lock().unwrap().slow_for = lease * 3 / 2;
-    env.mock.state.lock().unwrap().slow.insert("pay-skew".into());
+    env.mock.state.lock().unwrap().held.insert("payments/pay-skew".into());
     let a = start_hooked(&env, Default::default()).await;
     a.backends.broker.publish(&[payment("pay-skew")], Duration::ZERO).await.unwrap();
-    wait_until(Duration::from_secs(30), "A to hold the claim", || async {
-        state(&a, "record-payment", "pay-skew").await == Some("running")
-    })
-    .await;
+    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
+        .await
+        .expect("A's charge to arrive");
+    assert_eq!(state(&a, "record-payment", "pay-skew").await, Some("running"));
     // A fetches nothing more (its handler, heartbeat and confirm go on, for
     // up to the shutdown grace): the duplicates go to B.
     a.shutdown.cancel();
@@ -376,6 +391,15 @@ async fn a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_lease() {
     };
     let b = start_hooked(&env, ahead).await;
     b.backends.broker.publish(&[payment("pay-skew")], Duration::ZERO).await.unwrap();
+    // A's heartbeat extends every third of a lease: four extensions carry
+    // the lease past the end it had when A claimed the key.
+    wait_until(
+        Duration::from_secs(60),
+        "B to find the key busy while A's lease runs on its heartbeat",
+        || async { b.counters.snapshot().busy >= 1 && a.counters.snapshot().lease_extensions >= 4 },
+    )
+    .await;
+    env.mock.release();
     wait_until(
         Duration::from_secs(60),
         "the message to be done and its duplicate acked",
