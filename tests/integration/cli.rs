@@ -184,6 +184,12 @@ fn demo_checks(lang: &str) {
     assert_eq!(r["messages"], 300);
     assert_eq!(r["double_effects"], 0, "{lang}: {r}");
     assert_eq!(r["calls_after_journal"], 0, "{lang}: {r}");
+    // A step is sent again only by an execution fenced out between its
+    // answer and its journal write (its lease lapsed).
+    assert!(
+        r["resent_steps"].as_u64().unwrap() <= r["fenced_out"].as_u64().unwrap(),
+        "{lang}: {r}"
+    );
     assert_eq!(r["lost"], 0, "{lang}: {r}");
     assert_eq!(r["missing_effects"], 0, "{lang}: {r}");
     assert_eq!(r["effects"], r["expected_effects"], "{lang}: {r}");
