@@ -169,9 +169,7 @@ async fn amqp_pool_runs_concurrent_duplicates_once() {
         );
         let copies: Vec<_> = (0..5).map(|_| payment.clone()).collect();
         pool.backends.broker.publish(&copies, Duration::ZERO).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
-            .await
-            .expect("the held charge to arrive");
+        crate::common::wait_for_held(&env.mock, "the held charge to arrive").await;
         wait_until(Duration::from_secs(10), "the other copies to find the key busy", || async {
             pool.counters.snapshot().busy >= 4
         })

@@ -167,6 +167,14 @@ pub fn envelope(id: &str, handler: &str, payload: serde_json::Value) -> Envelope
     }
 }
 
+/// Wait for a request the mock holds (`MockState::held`) to arrive, for at
+/// most 30 s: `what` names it in the failure.
+pub async fn wait_for_held(mock: &Mock, what: &str) {
+    if tokio::time::timeout(Duration::from_secs(30), mock.wait_for_held()).await.is_err() {
+        panic!("timed out after 30 s waiting for: {what}");
+    }
+}
+
 /// Poll `check` until it returns true, or panic after `timeout` with `what`.
 pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
 where

@@ -33,9 +33,7 @@ async fn sigkill_mid_handler_resumes_without_repeating_the_charge() {
     backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
 
     let mut first = spawn_idem_run(&config_path, &env.dir.path().join("worker-1.log"));
-    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
-        .await
-        .expect("the first worker reached the reservation step");
+    crate::common::wait_for_held(&env.mock, "the first worker reached the reservation step").await;
     assert!(
         backends
             .claims

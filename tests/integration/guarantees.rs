@@ -49,9 +49,7 @@ async fn g3_concurrent_duplicates_run_once() {
     let copies: Vec<_> = (0..5).map(|_| payment("pay-conc")).collect();
     pool.backends.broker.publish(&copies, Duration::ZERO).await.unwrap();
     // The first execution is now blocked inside its charge call.
-    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
-        .await
-        .expect("the held charge to arrive");
+    crate::common::wait_for_held(&env.mock, "the held charge to arrive").await;
     wait_until(Duration::from_secs(10), "the other copies to find the key busy", || async {
         pool.counters.snapshot().busy >= 4
     })
@@ -88,9 +86,7 @@ async fn g4_fenced_out_worker_cannot_write_or_confirm() {
         })
         .await;
     a.backends.broker.publish(&[payment("pay-fence")], Duration::ZERO).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
-        .await
-        .expect("the held charge to arrive");
+    crate::common::wait_for_held(&env.mock, "the held charge to arrive").await;
     a.shutdown.cancel(); // A fetches nothing more; its paused execution goes on.
 
     // Worker B takes the claim over once A's lease has expired.
@@ -378,9 +374,7 @@ async fn a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_lease() {
     env.mock.state.lock().unwrap().held.insert("payments/pay-skew".into());
     let a = start_hooked(&env, Default::default()).await;
     a.backends.broker.publish(&[payment("pay-skew")], Duration::ZERO).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
-        .await
-        .expect("A's charge to arrive");
+    crate::common::wait_for_held(&env.mock, "A's charge to arrive").await;
     assert_eq!(state(&a, "record-payment", "pay-skew").await, Some("running"));
     // A fetches nothing more (its handler, heartbeat and confirm go on, for
     // up to the shutdown grace): the duplicates go to B.

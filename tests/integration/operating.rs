@@ -124,11 +124,17 @@ fn grants_batch(from: usize, to: usize) -> Vec<idem_host::envelope::Envelope> {
 /// The version recorded with each claim of grant-credits, by key.
 async fn claim_versions(db: &Path) -> std::collections::HashMap<String, String> {
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await.unwrap();
+    let versions = versions_in(&pool).await;
+    pool.close().await;
+    versions
+}
+
+/// The version each grant-credits claim recorded, read through `pool`.
+async fn versions_in(pool: &sqlx::SqlitePool) -> std::collections::HashMap<String, String> {
     let rows: Vec<(String, String)> = sqlx::query_as("SELECT key, plugin_version FROM claims WHERE plugin = 'grant-credits'")
-        .fetch_all(&pool)
+        .fetch_all(pool)
         .await
         .unwrap();
-    pool.close().await;
     rows.into_iter().collect()
 }
 
@@ -205,13 +211,11 @@ async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
     assert_eq!(v2, idem_host::plugin::version_of(&v2_bytes));
     // Messages admitted before the swap still finish on v1; wait for the
     // claims themselves to show the flow on v2.
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", env.config.database.path.display()))
+        .await
+        .unwrap();
     wait_until(Duration::from_secs(30), "messages flowing on the new version", || async {
-        claim_versions(&env.config.database.path)
-            .await
-            .values()
-            .filter(|v| **v == v2)
-            .count()
-            >= 200
+        versions_in(&db).await.values().filter(|v| **v == v2).count() >= 200
     })
     .await;
     stop.cancel();
@@ -221,7 +225,7 @@ async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
     check_credits(&backends, sent).await;
     let counts = backends.admin.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead, counts.dead_letters), (sent as u64, 0, 0));
-    let versions = claim_versions(&env.config.database.path).await;
+    let versions = versions_in(&db).await;
     assert_eq!(versions.len(), sent);
     for (key, version) in &versions {
         assert!(
@@ -418,9 +422,7 @@ async fn sigterm_mid_run_releases_what_outlives_the_grace_period_and_loses_nothi
     backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
 
     let first = Running::spawn(&env.config, env.dir.path(), "term-1", &[]);
-    tokio::time::timeout(Duration::from_secs(30), env.mock.wait_for_held())
-        .await
-        .expect("the order's handler reached the held step");
+    crate::common::wait_for_held(&env.mock, "the order's handler reached the held step").await;
     first.signal("-TERM");
     let status = first.wait_exit().await;
     assert!(status.success(), "exit 0 after SIGTERM: {status:?}");
