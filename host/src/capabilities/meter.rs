@@ -1,38 +1,62 @@
 //! Guest CPU time: what `limits.cpu_ms` is charged against.
 //!
 //! A guest runs only inside a poll of its execution's future, and a poll
-//! runs on one thread from start to end, so the thread's CPU clock measures
-//! it exactly: time the worker thread was preempted is not charged, time
-//! spent in the host's capabilities (`store`, `effects`, `log`) is not
-//! charged, and everything else the guest does is, however often it calls
-//! the host. The meter is told where guest time starts and stops:
+//! runs on one thread from start to end, so the thread's CPU clock over a
+//! poll measures the guest and the host code the poll ran, and nothing
+//! else: time the worker thread was preempted is not in it, nor other
+//! tasks' work between polls. Time in the host's capabilities (`store`,
+//! `effects`, `log`) is measured with the monotonic clock and taken off, so
+//! everything else the guest does is charged, however often it calls the
+//! host.
 //!
-//! - [`Metered`] (around instantiation and the call) starts it at the top
-//!   of each poll and charges it at the bottom;
-//! - the epoch callback charges it every tick and checks the budget;
-//! - [`GuestMeter::enter_host`] charges it and checks the budget on entry
-//!   to a capability, [`GuestMeter::leave_host`] restarts it on return.
+//! The thread's CPU clock is a system call (about half a microsecond here);
+//! the monotonic clock is not. So the CPU clock is read where it must be:
 //!
-//! Only the WASI calls Idem wires to nothing (clocks, random, stdio) are
-//! left in guest time; they never wait.
+//! - [`Metered`] (around instantiation and the call) reads it at the top
+//!   and the bottom of each poll and charges what lies between;
+//! - the epoch callback charges up to the tick, every tick, and checks the
+//!   budget;
+//! - [`GuestMeter::enter_host`] checks the budget on entry to a capability,
+//!   and first charges up to there when a millisecond or more has passed
+//!   since the last reading (so a budget is never overrun by more than
+//!   that between host calls); [`GuestMeter::leave_host`] only notes the
+//!   time.
+//!
+//! A capability preempted mid-call is taken off at its wall-clock length:
+//! the guest is then charged less than its CPU time by that much, never
+//! more. Only the WASI calls Idem wires to nothing (clocks, random, stdio)
+//! are left in guest time; they never wait.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
-/// `mark` while the host (not the guest) is running.
-const IN_HOST: u64 = u64::MAX;
+/// `cpu_mark` outside a poll; `host_since` outside a capability.
+const NONE: u64 = u64::MAX;
+
+/// Wall time after which a capability call reads the CPU clock before it
+/// checks the budget.
+const STALE_NS: u64 = 1_000_000;
 
 /// One execution's guest CPU time against its budget.
 #[derive(Debug)]
 pub struct GuestMeter {
     budget_ns: u64,
     charged_ns: AtomicU64,
-    /// Thread CPU time at which the running guest segment started, or
-    /// [`IN_HOST`].
-    mark: AtomicU64,
+    /// The monotonic clock's origin for the marks below.
+    origin: Instant,
+    /// Thread CPU time at the last reading in the running poll, or [`NONE`].
+    cpu_mark: AtomicU64,
+    /// Monotonic time of that reading.
+    wall_mark: AtomicU64,
+    /// Monotonic time spent in capabilities since that reading.
+    host_ns: AtomicU64,
+    /// Monotonic time at which the running capability call started (or the
+    /// poll that resumed it), or [`NONE`].
+    host_since: AtomicU64,
 }
 
 /// CPU time consumed by the calling thread, in nanoseconds.
@@ -53,26 +77,55 @@ impl GuestMeter {
         Arc::new(GuestMeter {
             budget_ns: budget_ms.saturating_mul(1_000_000),
             charged_ns: AtomicU64::new(0),
-            mark: AtomicU64::new(IN_HOST),
+            origin: Instant::now(),
+            cpu_mark: AtomicU64::new(NONE),
+            wall_mark: AtomicU64::new(0),
+            host_ns: AtomicU64::new(0),
+            host_since: AtomicU64::new(NONE),
         })
     }
 
-    /// The guest (re)starts on this thread, unless the host is mid-call.
-    fn resume(&self, host_running: bool) {
-        if !host_running {
-            self.mark.store(thread_cpu_ns(), Ordering::Relaxed);
+    fn wall_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// A poll starts: take the readings the next charge starts from.
+    fn poll_started(&self) {
+        let wall = self.wall_ns();
+        self.cpu_mark.store(thread_cpu_ns(), Ordering::Relaxed);
+        self.wall_mark.store(wall, Ordering::Relaxed);
+        self.host_ns.store(0, Ordering::Relaxed);
+        if self.host_since.load(Ordering::Relaxed) != NONE {
+            // A capability call is still waiting: the host runs first.
+            self.host_since.store(wall, Ordering::Relaxed);
         }
     }
 
-    /// Charge the guest segment running since the mark and start a new one.
+    /// Charge the CPU time since the last reading, less the time in
+    /// capabilities, and take a new reading.
     pub fn charge(&self) {
-        let mark = self.mark.load(Ordering::Relaxed);
-        if mark == IN_HOST {
+        let mark = self.cpu_mark.load(Ordering::Relaxed);
+        if mark == NONE {
             return;
         }
         let now = thread_cpu_ns();
-        self.charged_ns.fetch_add(now.saturating_sub(mark), Ordering::Relaxed);
-        self.mark.store(now, Ordering::Relaxed);
+        let wall = self.wall_ns();
+        let mut host = self.host_ns.swap(0, Ordering::Relaxed);
+        let since = self.host_since.load(Ordering::Relaxed);
+        if since != NONE {
+            host += wall.saturating_sub(since);
+            self.host_since.store(wall, Ordering::Relaxed);
+        }
+        let guest = now.saturating_sub(mark).saturating_sub(host);
+        self.charged_ns.fetch_add(guest, Ordering::Relaxed);
+        self.cpu_mark.store(now, Ordering::Relaxed);
+        self.wall_mark.store(wall, Ordering::Relaxed);
+    }
+
+    /// A poll ends: charge it; the thread may run other work next.
+    fn poll_ended(&self) {
+        self.charge();
+        self.cpu_mark.store(NONE, Ordering::Relaxed);
     }
 
     /// Has the guest used up its budget?
@@ -85,30 +138,32 @@ impl GuestMeter {
         std::time::Duration::from_nanos(self.charged_ns.load(Ordering::Relaxed))
     }
 
-    /// The guest calls a capability: charge its time up to here. Returns
-    /// `false` if the budget is spent (the call must trap instead).
+    /// The guest calls a capability. Returns `false` if the budget is spent
+    /// (the call must trap instead).
     pub fn enter_host(&self) -> bool {
-        self.charge();
-        self.mark.store(IN_HOST, Ordering::Relaxed);
+        let wall = self.wall_ns();
+        if wall.saturating_sub(self.wall_mark.load(Ordering::Relaxed)) >= STALE_NS {
+            self.charge();
+        }
+        self.host_since.store(self.wall_ns(), Ordering::Relaxed);
         !self.exhausted()
     }
 
     /// The capability returns to the guest.
     pub fn leave_host(&self) {
-        self.mark.store(thread_cpu_ns(), Ordering::Relaxed);
-    }
-
-    fn in_host(&self) -> bool {
-        self.mark.load(Ordering::Relaxed) == IN_HOST
+        let since = self.host_since.swap(NONE, Ordering::Relaxed);
+        if since != NONE {
+            let spent = self.wall_ns().saturating_sub(since);
+            self.host_ns.fetch_add(spent, Ordering::Relaxed);
+        }
     }
 }
 
-/// A future whose polls run guest code: each poll starts the meter (unless
-/// a capability is mid-call) and charges it when the poll returns.
+/// A future whose polls run guest code: each poll is measured with the
+/// thread's CPU clock and charged, less its time in capabilities.
 pub struct Metered<F> {
     meter: Arc<GuestMeter>,
     inner: Pin<Box<F>>,
-    started: bool,
 }
 
 impl<F> Metered<F> {
@@ -117,7 +172,6 @@ impl<F> Metered<F> {
         Metered {
             meter,
             inner: Box::pin(inner),
-            started: false,
         }
     }
 }
@@ -127,13 +181,9 @@ impl<F: Future> Future for Metered<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        // The first poll starts the guest; later ones resume it unless it is
-        // waiting in a capability.
-        let host_running = this.started && this.meter.in_host();
-        this.started = true;
-        this.meter.resume(host_running);
+        this.meter.poll_started();
         let out = this.inner.as_mut().poll(cx);
-        this.meter.charge();
+        this.meter.poll_ended();
         out
     }
 }
@@ -142,9 +192,9 @@ impl<F: Future> Future for Metered<F> {
 mod tests {
     use super::*;
 
-    fn spin(ms: u64) {
+    fn spin_us(us: u64) {
         let start = thread_cpu_ns();
-        while thread_cpu_ns() - start < ms * 1_000_000 {
+        while thread_cpu_ns() - start < us * 1_000 {
             std::hint::black_box(0u64);
         }
     }
@@ -154,12 +204,12 @@ mod tests {
         let meter = GuestMeter::new(1_000);
         let m = meter.clone();
         Metered::new(meter.clone(), async move {
-            spin(20); // guest
+            spin_us(20_000); // guest
             assert!(m.enter_host());
-            spin(30); // host work: not charged
+            spin_us(30_000); // host work: not charged
             tokio::task::yield_now().await; // a wait inside the host
             m.leave_host();
-            spin(20); // guest again
+            spin_us(20_000); // guest again
         })
         .await;
         let charged = meter.charged().as_millis();
@@ -169,10 +219,12 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn frequent_host_calls_do_not_hide_guest_time() {
+    /// A guest that works `work_us` of CPU between host calls, never
+    /// yielding, under a 50 ms budget: how many calls it made before a call
+    /// was refused, the CPU time it worked, and what was charged.
+    async fn work_between_host_calls(work_us: u64) -> (u64, u64, u64) {
         // The guest's CPU time is measured with the meter's own clock around
-        // each 1 ms of work, so what the loop itself costs (clock reads,
+        // each stretch of work, so what the loop itself costs (clock reads,
         // interrupts a busy machine charges to this thread) is not taken
         // for a wrong charge.
         let meter = GuestMeter::new(50);
@@ -181,7 +233,7 @@ mod tests {
             let (mut calls, mut spun) = (0u64, 0u64);
             loop {
                 let start = thread_cpu_ns();
-                spin(1);
+                spin_us(work_us);
                 spun += thread_cpu_ns() - start;
                 calls += 1;
                 if !m.enter_host() {
@@ -197,10 +249,27 @@ mod tests {
             charged >= spun,
             "{spun} ns of guest work but only {charged} ns charged: host calls hid guest time"
         );
-        assert!(calls <= 60, "{calls} calls of 1 ms before a 50 ms budget ran out");
         assert!(
             charged - spun < 10_000_000,
             "{charged} ns charged for {spun} ns of guest work in {calls} calls"
+        );
+        (calls, spun, charged)
+    }
+
+    #[tokio::test]
+    async fn frequent_host_calls_do_not_hide_guest_time() {
+        let (calls, _, _) = work_between_host_calls(1_000).await;
+        assert!(calls <= 60, "{calls} calls of 1 ms before a 50 ms budget ran out");
+    }
+
+    #[tokio::test]
+    async fn host_calls_closer_than_a_reading_still_meet_the_budget() {
+        // Calls 200 µs apart read the CPU clock about every fifth call: the
+        // budget is overrun by at most the millisecond between readings.
+        let (calls, spun, _) = work_between_host_calls(200).await;
+        assert!(
+            spun <= 52_000_000,
+            "{spun} ns of guest work in {calls} calls of 200 µs before a 50 ms budget ran out"
         );
     }
 }

@@ -61,15 +61,20 @@ impl Pre {
         timeout: Duration,
         msg: Message,
     ) -> Result<Result<Result<Option<Vec<u8>>, HandlerError>, Called>, wasmtime::Error> {
+        // Instantiation and the call are metered as one future: one reading
+        // of the CPU clock at each end of a poll, not one per stage.
         macro_rules! run {
             ($pre:expr, $msg:expr, $map:expr) => {{
-                let instance = Metered::new(meter.clone(), $pre.instantiate_async(&mut *store)).await?;
-                let call = Metered::new(meter.clone(), instance.call_handle(&mut *store, &$msg));
-                Ok(match tokio::time::timeout(timeout, call).await {
-                    Ok(Ok(r)) => Ok($map(r)),
-                    Ok(Err(e)) => Err(Called::Trap(e)),
-                    Err(_) => Err(Called::Timeout),
+                Metered::new(meter.clone(), async {
+                    let instance = $pre.instantiate_async(&mut *store).await?;
+                    let call = instance.call_handle(&mut *store, &$msg);
+                    Ok(match tokio::time::timeout(timeout, call).await {
+                        Ok(Ok(r)) => Ok($map(r)),
+                        Ok(Err(e)) => Err(Called::Trap(e)),
+                        Err(_) => Err(Called::Timeout),
+                    })
                 })
+                .await
             }};
         }
         match self {
