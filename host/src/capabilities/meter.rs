@@ -5,9 +5,12 @@
 //! poll measures the guest and the host code the poll ran, and nothing
 //! else: time the worker thread was preempted is not in it, nor other
 //! tasks' work between polls. Time in the host's capabilities (`store`,
-//! `effects`, `log`) is measured with the monotonic clock and taken off, so
-//! everything else the guest does is charged, however often it calls the
-//! host.
+//! `effects`, `log`) is measured with the monotonic clock. A stretch
+//! between two readings of the CPU clock is charged the smaller of its CPU
+//! time and its wall time outside capabilities: both are at least the
+//! guest's CPU time in it, so the guest is never charged less than that,
+//! however often it calls the host, and more only by the host's CPU time
+//! in a stretch where the guest was also preempted.
 //!
 //! The thread's CPU clock is a system call (about half a microsecond here);
 //! the monotonic clock is not. So the CPU clock is read where it must be:
@@ -22,9 +25,7 @@
 //!   that between host calls); [`GuestMeter::leave_host`] only notes the
 //!   time.
 //!
-//! A capability preempted mid-call is taken off at its wall-clock length:
-//! the guest is then charged less than its CPU time by that much, never
-//! more. Only the WASI calls Idem wires to nothing (clocks, random, stdio)
+//! Only the WASI calls Idem wires to nothing (clocks, random, stdio)
 //! are left in guest time; they never wait.
 
 use std::future::Future;
@@ -89,7 +90,8 @@ impl GuestMeter {
         self.origin.elapsed().as_nanos() as u64
     }
 
-    /// A poll starts: take the readings the next charge starts from.
+    /// A poll starts: take the readings the next charge starts from (the
+    /// wall clock first, so its stretch holds the CPU clock's).
     fn poll_started(&self) {
         let wall = self.wall_ns();
         self.cpu_mark.store(thread_cpu_ns(), Ordering::Relaxed);
@@ -101,25 +103,28 @@ impl GuestMeter {
         }
     }
 
-    /// Charge the CPU time since the last reading, less the time in
-    /// capabilities, and take a new reading.
+    /// Charge the stretch since the last reading (the smaller of its CPU
+    /// time and its wall time outside capabilities) and take a new reading.
     pub fn charge(&self) {
         let mark = self.cpu_mark.load(Ordering::Relaxed);
         if mark == NONE {
             return;
         }
+        // Wall, CPU, wall: each stretch's wall time holds its CPU time.
+        let next_wall = self.wall_ns();
         let now = thread_cpu_ns();
         let wall = self.wall_ns();
         let mut host = self.host_ns.swap(0, Ordering::Relaxed);
         let since = self.host_since.load(Ordering::Relaxed);
         if since != NONE {
             host += wall.saturating_sub(since);
-            self.host_since.store(wall, Ordering::Relaxed);
+            self.host_since.store(next_wall, Ordering::Relaxed);
         }
-        let guest = now.saturating_sub(mark).saturating_sub(host);
+        let outside = wall.saturating_sub(self.wall_mark.load(Ordering::Relaxed)).saturating_sub(host);
+        let guest = now.saturating_sub(mark).min(outside);
         self.charged_ns.fetch_add(guest, Ordering::Relaxed);
         self.cpu_mark.store(now, Ordering::Relaxed);
-        self.wall_mark.store(wall, Ordering::Relaxed);
+        self.wall_mark.store(next_wall, Ordering::Relaxed);
     }
 
     /// A poll ends: charge it; the thread may run other work next.
@@ -217,6 +222,33 @@ mod tests {
             (40..50).contains(&charged),
             "charged {charged} ms, expected the 40 ms of guest time"
         );
+    }
+
+    #[tokio::test]
+    async fn a_host_call_that_loses_its_core_hides_no_guest_time() {
+        // Guest work on both sides of a capability call inside one stretch
+        // (less than a millisecond apart, so no reading in between), and a
+        // call that spends 20 ms off the core, as a preempted thread does:
+        // taking the call's wall time off the stretch's CPU time would
+        // charge nothing.
+        let meter = GuestMeter::new(1_000);
+        let m = meter.clone();
+        let spun = Metered::new(meter.clone(), async move {
+            let mut spun = 0;
+            for _ in 0..2 {
+                let start = thread_cpu_ns();
+                spin_us(300);
+                spun += thread_cpu_ns() - start;
+                assert!(m.enter_host());
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                m.leave_host();
+            }
+            spun
+        })
+        .await;
+        let charged = meter.charged().as_nanos() as u64;
+        assert!(charged >= spun, "{spun} ns of guest work, {charged} ns charged");
+        assert!(charged < spun + 5_000_000, "{spun} ns of guest work, {charged} ns charged");
     }
 
     /// A guest that works `work_us` of CPU between host calls, never
