@@ -17,7 +17,7 @@ use idem_host::config::KafkaOrdering;
 use idem_host::envelope::{Delivery, Envelope};
 
 use crate::common::brokers::{self, in_kafka_topic, receipts};
-use crate::common::{services, unique_namespace, wait_for};
+use crate::common::{services, unique_namespace, wait_for, wait_until};
 
 /// How long a rebalance may take on the test server (a join takes about
 /// five seconds there).
@@ -186,16 +186,19 @@ async fn kafka_a_rebalance_waits_for_running_records_within_its_grace() {
             }
         }
         assert_eq!(held.len(), 2, "records on both partitions");
+        // Half of the rest settled before the second member joins, half
+        // while the revocation the join starts waits for them.
+        let (before, during) = rest.split_at(rest.len() / 2);
+        for d in before {
+            a.ack(&[&d.receipt]).await.unwrap();
+        }
         let joining = tokio::spawn({
             let options = options.clone();
             async move { brokers::kafka(&options).await }
         });
-        // Settled over four seconds while the new member joins (a join
-        // takes about five on the test server): some before the
-        // revocation starts, some while it waits for them.
-        for d in &rest {
+        wait_until(REBALANCE, "the first member's partitions to be revoked", || async { a.revoking() }).await;
+        for d in during {
             a.ack(&[&d.receipt]).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(4_000 / rest.len() as u64)).await;
         }
         let b = joining.await.unwrap();
         let moved = wait_for(REBALANCE, "the held record of the moved partition at the new member", || async {

@@ -234,6 +234,13 @@ impl KafkaBroker {
         }
     }
 
+    /// Whether a rebalance is revoking this member's partitions now (it
+    /// waits up to `broker.rebalance_grace_ms` for deliveries still at the
+    /// worker). For tests and diagnostics.
+    pub fn revoking(&self) -> bool {
+        self.shared.track().revoking()
+    }
+
     async fn producer(&self) -> Result<&FutureProducer, BrokerError> {
         self.producer
             .get_or_try_init(|| async {

@@ -237,6 +237,11 @@ impl Track {
         }
     }
 
+    /// Whether a revocation has started and not ended.
+    pub fn revoking(&self) -> bool {
+        self.parts.values().any(|p| p.revoking)
+    }
+
     /// Deliveries of these partitions still at the worker.
     pub fn out(&self, parts: &[PartId]) -> usize {
         parts
