@@ -165,7 +165,8 @@ impl GuestMeter {
 }
 
 /// A future whose polls run guest code: each poll is measured with the
-/// thread's CPU clock and charged, less its time in capabilities.
+/// thread's CPU clock and charged as the module's doc says (capability time
+/// is not charged, guest CPU time always is).
 pub struct Metered<F> {
     meter: Arc<GuestMeter>,
     inner: Pin<Box<F>>,
