@@ -118,7 +118,9 @@ impl GuestMeter {
         let since = self.host_since.load(Ordering::Relaxed);
         if since != NONE {
             host += wall.saturating_sub(since);
-            self.host_since.store(next_wall, Ordering::Relaxed);
+            // From where this stretch's count stopped, so no host time is
+            // taken off twice.
+            self.host_since.store(wall, Ordering::Relaxed);
         }
         let outside = wall.saturating_sub(self.wall_mark.load(Ordering::Relaxed)).saturating_sub(host);
         let guest = now.saturating_sub(mark).min(outside);
@@ -146,11 +148,12 @@ impl GuestMeter {
     /// The guest calls a capability. Returns `false` if the budget is spent
     /// (the call must trap instead).
     pub fn enter_host(&self) -> bool {
-        let wall = self.wall_ns();
+        let mut wall = self.wall_ns();
         if wall.saturating_sub(self.wall_mark.load(Ordering::Relaxed)) >= STALE_NS {
             self.charge();
+            wall = self.wall_ns();
         }
-        self.host_since.store(self.wall_ns(), Ordering::Relaxed);
+        self.host_since.store(wall, Ordering::Relaxed);
         !self.exhausted()
     }
 

@@ -236,7 +236,7 @@ impl KafkaBroker {
 
     /// Whether a rebalance is revoking this member's partitions now (it
     /// waits up to `broker.rebalance_grace_ms` for deliveries still at the
-    /// worker). For tests and diagnostics.
+    /// worker). Tests wait on it to act during a revocation.
     pub fn revoking(&self) -> bool {
         self.shared.track().revoking()
     }
