@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use idem_host::app::Pool;
+use idem_host::claim::{ClaimAdmin, ClaimState};
 use idem_host::config::{Config, Limits, OutagePolicy, PluginConfig, RetryConfig, WorkerConfig};
 use idem_host::envelope::Envelope;
 use idem_host::tools::kit::Mock;
@@ -205,6 +206,55 @@ where
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The owner id (what its running claims carry) that a worker logged in
+/// its `worker started` line, the first such line of `log` that contains
+/// `tag` (a supervisor's log tags each process's lines `[process K]`).
+pub async fn logged_owner(log: &std::path::Path, tag: &str) -> String {
+    wait_for(
+        Duration::from_secs(60),
+        &format!("a `worker started` line with {tag:?} in {}", log.display()),
+        || async {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert!(!text.contains('\x1b'), "a log file holds no terminal colour codes:\n{text}");
+            let line = text.lines().find(|l| l.contains("worker started") && l.contains(tag))?;
+            let at = line.find("owner=")? + "owner=".len();
+            line[at..].split_whitespace().next().map(str::to_string)
+        },
+    )
+    .await
+}
+
+/// SIGKILL the worker process `pid` (owner id `owner`) at a moment it holds
+/// running claims, so that a test of a crash kills a worker in the middle
+/// of its work rather than between two batches: stop it (SIGSTOP), count
+/// the running claims it owns in the claim store, and kill it if there are
+/// any; if not, let it go on (SIGCONT) and look again. Returns how many it
+/// held when killed.
+pub async fn kill_holding_claims(pid: u32, owner: &str, admin: &dyn ClaimAdmin) -> usize {
+    let signal = |sig: libc::c_int| {
+        // SAFETY: kill(2) takes no pointers; `pid` is a worker process this
+        // test started (itself or through a supervisor) and has not reaped.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+    };
+    let held = wait_for(
+        Duration::from_secs(60),
+        &format!("worker {owner} to hold running claims"),
+        || async {
+            signal(libc::SIGSTOP);
+            let running = admin.claims_in(ClaimState::Running, None, 1_000_000).await.unwrap();
+            let held = running.iter().filter(|c| c.owner.as_deref() == Some(owner)).count();
+            if held == 0 {
+                signal(libc::SIGCONT);
+            }
+            (held > 0).then_some(held)
+        },
+    )
+    .await;
+    signal(libc::SIGKILL);
+    held
 }
 
 /// Wait until the queue is empty and nothing runs.

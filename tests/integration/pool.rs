@@ -127,8 +127,9 @@ async fn survive(example_file: &str, slow_for: Duration, tweak: impl FnOnce(&mut
     }
     let total = MESSAGES as u64 + ordered.messages();
 
-    // Kill A once a third of the messages are settled: it dies with
-    // handlers in flight, mid external call or mid write.
+    // Kill A once a third of the messages are settled, at a moment it holds
+    // claims: it dies with handlers in flight, mid external call or mid
+    // write.
     let settled = || async {
         let c = backends.admin.counts().await.unwrap();
         c.done + c.dead
@@ -138,7 +139,8 @@ async fn survive(example_file: &str, slow_for: Duration, tweak: impl FnOnce(&mut
     })
     .await;
     let mut a = a;
-    a.kill().expect("SIGKILL worker A");
+    let owner = logged_owner(&logs[0], "").await;
+    kill_holding_claims(a.id(), &owner, backends.admin.as_ref()).await;
     a.wait().unwrap();
     let killed_at = settled().await;
     // B goes on alone for a while, then A comes back.

@@ -107,7 +107,8 @@ async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_aga
         assert_ne!(cpus[0], cpus[1], "on CPUs of their own");
     }
 
-    // Kill one worker process mid-run: it dies with handlers in flight.
+    // Kill one worker process mid-run, at a moment it holds claims: it
+    // dies with handlers in flight.
     let settled = || async {
         let c = backends.admin.counts().await.unwrap();
         c.done + c.dead
@@ -117,7 +118,8 @@ async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_aga
     })
     .await;
     let killed = index_of(&log(&log_path), workers[0]);
-    signal(workers[0], "-KILL");
+    let owner = logged_owner(&log_path, &format!("[process {killed}] ")).await;
+    kill_holding_claims(workers[0], &owner, backends.admin.as_ref()).await;
     let replaced = wait_for(Duration::from_secs(60), "the killed worker process to be started again", || async {
         let now = worker_pids(pid);
         (now.len() == 2 && !now.contains(&workers[0])).then_some(now)

@@ -2,6 +2,8 @@
 //! `IDEM_LOG`. A worker process started by `idem run`'s supervisor tags its
 //! lines with its index, as several write to the same standard error.
 
+use std::io::IsTerminal;
+
 use clap::ValueEnum;
 use idem_host::prefork;
 use tracing_subscriber::fmt::format::{self, Writer};
@@ -32,7 +34,13 @@ impl LogFormat {
 pub fn init_tracing(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default_level},sqlx=warn,wasmtime=warn,cranelift=warn")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a person at a terminal: a log file or a collector
+    // gets plain text (and `NO_COLOR` turns them off anywhere).
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match (format, prefork::supervised()) {
         (LogFormat::Human, None) => builder.init(),
         (LogFormat::Json, None) => builder.json().init(),
