@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idem_host::config::{BrokerConfig, BrokerKind, Config};
@@ -109,15 +109,17 @@ impl CelerySide {
     }
 
     /// A Celery worker serving the Celery queue.
-    fn worker(&self, log: &Path) -> Child {
-        self.command("celery")
-            .args(["-A", "celery_side", "worker", "--pool", "solo", "--loglevel", "warning", "-Q"])
-            .arg(&self.celery_queue)
-            .args(["--without-gossip", "--without-mingle", "--without-heartbeat"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("spawn a Celery worker")
+    fn worker(&self, log: &Path) -> Spawned {
+        Spawned(
+            self.command("celery")
+                .args(["-A", "celery_side", "worker", "--pool", "solo", "--loglevel", "warning", "-Q"])
+                .arg(&self.celery_queue)
+                .args(["--without-gossip", "--without-mingle", "--without-heartbeat"])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(log).unwrap())
+                .spawn()
+                .expect("spawn a Celery worker"),
+        )
     }
 }
 

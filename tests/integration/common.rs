@@ -131,15 +131,44 @@ impl Env {
 }
 
 /// A real `idem run` process on `config`, logging at info to `log`.
-pub fn spawn_idem_run(config: &std::path::Path, log: &std::path::Path) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["run", "--config"])
-        .arg(config)
-        .env("IDEM_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn idem run")
+pub fn spawn_idem_run(config: &std::path::Path, log: &std::path::Path) -> Spawned {
+    Spawned(
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["run", "--config"])
+            .arg(config)
+            .env("IDEM_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("spawn idem run"),
+    )
+}
+
+/// A process a test started: killed and reaped when dropped if it still
+/// runs, so a test that fails half-way leaves no workers behind to take
+/// the next tests' connections and CPU.
+pub struct Spawned(pub std::process::Child);
+
+impl std::ops::Deref for Spawned {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Spawned {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 /// Run the `idem` binary with `--config config` after `args`; (success,

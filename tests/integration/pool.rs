@@ -6,7 +6,7 @@
 //! and no journaled call may be sent again.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use idem_host::config::Config;
@@ -46,7 +46,7 @@ fn config_from_example(file: &str, dir: &Path, mock: &Mock) -> Config {
     config
 }
 
-fn terminate(mut child: Child) {
+fn terminate(mut child: Spawned) {
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
