@@ -406,6 +406,8 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
         claims = ?config.claims.kind,
         data = ?config.data.kind,
         concurrency = config.worker.concurrency,
+        // What its running claims (and `idem console`) name this worker by.
+        owner = %pool.worker.options().owner,
         "idem worker running"
     );
     let shutdown = pool.shutdown.clone();

@@ -207,8 +207,7 @@ async fn tasks_run_once_through_a_sigkill(transport: Transport) {
     .await;
     // Killed while it holds claims: the tasks it had taken must be run by
     // the others, once.
-    let owner = logged_owner(&log(1), "").await;
-    kill_holding_claims(first.id(), &owner, backends.admin.as_ref()).await;
+    kill_holding_claims(first.id(), &log(1), "", backends.admin.as_ref()).await;
     first.wait().unwrap();
     let third = spawn_idem_run(&config_path, &log(3));
 

@@ -238,16 +238,17 @@ where
 }
 
 /// The owner id (what its running claims carry) that a worker logged in
-/// its `worker started` line, the first such line of `log` that contains
-/// `tag` (a supervisor's log tags each process's lines `[process K]`).
-pub async fn logged_owner(log: &std::path::Path, tag: &str) -> String {
+/// its `idem worker running` line, the first such line of `log` that
+/// contains `tag` (a supervisor's log tags each process's lines
+/// `[process K]`).
+async fn logged_owner(log: &std::path::Path, tag: &str) -> String {
     wait_for(
         Duration::from_secs(60),
-        &format!("a `worker started` line with {tag:?} in {}", log.display()),
+        &format!("an `idem worker running` line with {tag:?} in {}", log.display()),
         || async {
             let text = std::fs::read_to_string(log).unwrap_or_default();
             assert!(!text.contains('\x1b'), "a log file holds no terminal colour codes:\n{text}");
-            let line = text.lines().find(|l| l.contains("worker started") && l.contains(tag))?;
+            let line = text.lines().find(|l| l.contains("idem worker running") && l.contains(tag))?;
             let at = line.find("owner=")? + "owner=".len();
             line[at..].split_whitespace().next().map(str::to_string)
         },
@@ -255,35 +256,35 @@ pub async fn logged_owner(log: &std::path::Path, tag: &str) -> String {
     .await
 }
 
-/// SIGKILL the worker process `pid` (owner id `owner`) at a moment it holds
-/// running claims, so that a test of a crash kills a worker in the middle
-/// of its work rather than between two batches: stop it (SIGSTOP), count
-/// the running claims it owns in the claim store, and kill it if there are
-/// any; if not, let it go on (SIGCONT) and look again. Returns how many it
-/// held when killed.
-pub async fn kill_holding_claims(pid: u32, owner: &str, admin: &dyn ClaimAdmin) -> usize {
+/// SIGKILL the worker process `pid`, which logs to `log` (its lines marked
+/// with `tag`, or `""`), at a moment it holds running claims, so that a
+/// test of a crash kills a worker in the middle of its work rather than
+/// between two batches: stop it (SIGSTOP), count the running claims its
+/// owner id (from its log) holds in the claim store, and kill it if there
+/// are any; if not, let it go on (SIGCONT) and look again.
+pub async fn kill_holding_claims(pid: u32, log: &std::path::Path, tag: &str, admin: &dyn ClaimAdmin) {
+    let owner = logged_owner(log, tag).await;
     let signal = |sig: libc::c_int| {
         // SAFETY: kill(2) takes no pointers; `pid` is a worker process this
         // test started (itself or through a supervisor) and has not reaped.
         let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
         assert_eq!(rc, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
     };
-    let held = wait_for(
+    wait_until(
         Duration::from_secs(60),
         &format!("worker {owner} to hold running claims"),
         || async {
             signal(libc::SIGSTOP);
             let running = admin.claims_in(ClaimState::Running, None, 1_000_000).await.unwrap();
-            let held = running.iter().filter(|c| c.owner.as_deref() == Some(owner)).count();
-            if held == 0 {
+            let held = running.iter().any(|c| c.owner.as_deref() == Some(owner.as_str()));
+            if !held {
                 signal(libc::SIGCONT);
             }
-            (held > 0).then_some(held)
+            held
         },
     )
     .await;
     signal(libc::SIGKILL);
-    held
 }
 
 /// Wait until the queue is empty and nothing runs.

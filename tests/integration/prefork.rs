@@ -118,8 +118,7 @@ async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_aga
     })
     .await;
     let killed = index_of(&log(&log_path), workers[0]);
-    let owner = logged_owner(&log_path, &format!("[process {killed}] ")).await;
-    kill_holding_claims(workers[0], &owner, backends.admin.as_ref()).await;
+    kill_holding_claims(workers[0], &log_path, &format!("[process {killed}] "), backends.admin.as_ref()).await;
     let replaced = wait_for(Duration::from_secs(60), "the killed worker process to be started again", || async {
         let now = worker_pids(pid);
         (now.len() == 2 && !now.contains(&workers[0])).then_some(now)

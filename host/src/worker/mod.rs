@@ -143,10 +143,6 @@ impl Worker {
     /// Consume until `shutdown` is cancelled, then wait for running
     /// handlers to settle.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<()> {
-        // The owner is what claims (and `idem console`) name a running
-        // execution's worker by: log it, so a claim leads to a process.
-        let o = &self.options;
-        tracing::info!(owner = %o.owner, concurrency = o.concurrency, prefetch = o.prefetch, batch_size = o.batch_size, "worker started");
         // The heartbeat has its own token: it must keep extending leases
         // until the last running handler has settled, after shutdown began.
         let heartbeat_stop = CancellationToken::new();
