@@ -21,6 +21,7 @@ mod docs;
 mod guarantees;
 mod hostile_keys;
 mod inspection;
+mod joint_confirm;
 mod languages;
 mod operating;
 mod outage;

@@ -41,12 +41,15 @@ fn statements() -> Vec<Statement> {
             name: "kv_upsert_batch_claim_row",
             sql: include_str!("../../host/queries/postgres/kv_upsert_batch_claim_row.sql"),
             args: |keys| {
+                // Upserts under these claims, and confirms of them.
                 let values = vec!["'\\x76'::bytea"; keys.len()].join(",");
                 format!(
-                    "{}, {}, {}, ARRAY[{values}], 1000",
+                    "{}, {}, {}, ARRAY[{values}], 1000, {}, ARRAY[{}]::bytea[], 1000",
                     batch(keys),
                     literal(&vec!["c".to_string(); keys.len()]),
-                    literal(keys)
+                    literal(keys),
+                    batch(keys),
+                    vec!["NULL"; keys.len()].join(",")
                 )
             },
         },

@@ -1,12 +1,18 @@
--- Group commit of upserts under claims in this database: one statement,
--- one transaction. An item is written only if its claim row still has its
--- fence and is running; the claim rows are share-locked (in key order) until
--- commit, so a takeover waits for the batch or the batch sees the takeover.
--- Within the batch, the last write to a row wins, as if the items had run in
--- arrival order. Rows are written in key order so concurrent batches lock
--- them in the same order.
--- $1 plugins, $2 claim keys, $3 fences, $4 collections, $5 keys, $6 values, $7 now
--- Returns the (1-based) positions of the items written.
+-- Group commit of upserts under claims in this database, with the confirms
+-- of executions whose writes committed in earlier batches: one statement,
+-- one transaction, one commit. An item is written only if its claim row
+-- still has its fence and is running; the claim rows are share-locked (in
+-- key order) until commit, so a takeover waits for the batch or the batch
+-- sees the takeover. Within the batch, the last write to a row wins, as if
+-- the items had run in arrival order. Rows are written in key order so
+-- concurrent batches lock them in the same order. A confirm (as in
+-- claim_confirm.sql) marks its claim done only if it is running with that
+-- fence; no claim is both written under and confirmed by one batch (an
+-- execution is confirmed only after its writes are answered).
+-- $1 plugins, $2 claim keys, $3 fences, $4 collections, $5 keys, $6 values, $7 now,
+-- $8 confirm plugins, $9 confirm keys, $10 confirm fences, $11 confirm results, $12 confirm now
+-- Returns (position, confirm): the (1-based) positions of the upserts
+-- written (confirm false) and of the claims confirmed (confirm true).
 WITH items AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[])
         WITH ORDINALITY AS t(plugin, claim_key, fence, collection, key, value, idx)
@@ -27,5 +33,13 @@ written AS (
     INSERT INTO kv (collection, key, value, updated_at)
     SELECT collection, key, value, $7 FROM latest ORDER BY collection, key
     ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+),
+confirmed AS (
+    UPDATE claims c SET state = 'done', owner = NULL, lease_until = 0, last_error = NULL, updated_at = $12, result = r.result
+    FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bytea[]) WITH ORDINALITY AS r(plugin, key, fence, result, idx)
+    WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'running'
+    RETURNING r.idx
 )
-SELECT idx FROM held
+SELECT idx, false AS confirm FROM held
+UNION ALL
+SELECT idx, true FROM confirmed

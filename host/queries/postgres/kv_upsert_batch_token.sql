@@ -6,7 +6,8 @@
 -- Rows are written in key order so concurrent batches lock them in the
 -- same order.
 -- $1 plugins, $2 claim keys, $3 fences, $4 collections, $5 keys, $6 values, $7 now
--- Returns the (1-based) positions of the items written.
+-- Returns (position, false): the (1-based) positions of the items written
+-- (the columns of kv_upsert_batch_claim_row.sql, which also confirms).
 WITH items AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[])
         WITH ORDINALITY AS t(plugin, claim_key, fence, collection, key, value, idx)
@@ -28,4 +29,4 @@ written AS (
     SELECT collection, key, value, $7 FROM latest ORDER BY collection, key
     ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
 )
-SELECT idx FROM held
+SELECT idx, false AS confirm FROM held

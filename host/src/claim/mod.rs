@@ -127,7 +127,7 @@ pub struct JournalEntry {
 
 /// Errors of the claim store itself (not of the guarded operations, which
 /// answer with `false` when the fence is stale).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ClaimError {
     /// The store could not be reached or failed: an outage (G8).
     #[error("claim store unavailable: {0}")]

@@ -111,7 +111,7 @@ fn arrays(claims: &[ClaimRef]) -> (Vec<String>, Vec<String>, Vec<i64>) {
 /// Which of `claims` the statement changed: rows are matched on plugin, key
 /// and fence, so a stale fence in the same batch as the current one for the
 /// same key is not mistaken for it.
-fn answered(claims: &[ClaimRef], rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<bool>, ClaimError> {
+fn answered(claims: &[ClaimRef], rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<bool>, sqlx::Error> {
     let mut hit = HashSet::new();
     for r in rows {
         hit.insert((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?, r.try_get::<i64, _>(2)?));
@@ -120,6 +120,30 @@ fn answered(claims: &[ClaimRef], rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec
         .iter()
         .map(|c| hit.contains(&(c.plugin.clone(), c.key.clone(), c.fence)))
         .collect())
+}
+
+/// Confirm `claims` (storing `results[i]` with `claims[i]`) on `conn`: the
+/// claim store's own pool, or the transaction of a batch of data writes
+/// when the data lives in the same database (`store::postgres`).
+pub(crate) async fn confirm_in<'c, E>(
+    conn: E,
+    claims: &[ClaimRef],
+    results: Vec<Option<Vec<u8>>>,
+    now: i64,
+) -> Result<Vec<bool>, sqlx::Error>
+where
+    E: sqlx::Executor<'c, Database = Postgres>,
+{
+    let (p, k, f) = arrays(claims);
+    let rows = sqlx::query(include_str!("../../queries/postgres/claim_confirm.sql"))
+        .bind(p)
+        .bind(k)
+        .bind(f)
+        .bind(now)
+        .bind(results)
+        .fetch_all(conn)
+        .await?;
+    answered(claims, rows)
 }
 
 impl PgClaims {
@@ -276,20 +300,12 @@ impl ClaimStore for PgClaims {
             .bind(now)
             .fetch_all(&self.pool)
             .await?;
-        answered(claims, rows)
+        Ok(answered(claims, rows)?)
     }
 
     async fn confirm_with_results(&self, claims: &[ClaimRef], results: &[Option<&[u8]>], now: i64) -> Result<Vec<bool>, ClaimError> {
-        let (p, k, f) = arrays(claims);
-        let rows = sqlx::query(include_str!("../../queries/postgres/claim_confirm.sql"))
-            .bind(p)
-            .bind(k)
-            .bind(f)
-            .bind(now)
-            .bind(results.iter().map(|r| r.map(<[u8]>::to_vec)).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
-            .await?;
-        answered(claims, rows)
+        let results = results.iter().map(|r| r.map(<[u8]>::to_vec)).collect();
+        Ok(confirm_in(&self.pool, claims, results, now).await?)
     }
 
     async fn results(&self, keys: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, ClaimError> {

@@ -8,7 +8,10 @@
 //! is a single write and waits for nothing; under load the writes that
 //! arrive while earlier batches commit form the next one, so the store
 //! pays one commit per batch instead of one per write. Each caller gets its
-//! own result: fences are still checked per item. [`DataStore::queue`]
+//! own result: fences are still checked per item. Where the claims live in
+//! the same database ([`DataStore::confirms_claims`]), the confirms of
+//! executions whose writes were answered join the next batch, so a batch's
+//! writes and the previous batch's confirms share one commit. [`DataStore::queue`]
 //! returns as soon as the write is queued, which is what lets an upsert
 //! return to the handler before it commits (write-behind, see
 //! `capabilities::writes`). Reads and unguarded writes go straight to the
@@ -20,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
-use super::{DataError, DataStore, Inserted, Queued, Write, WriteOp, Written};
-use crate::claim::ClaimRef;
+use super::{Confirm, DataError, DataStore, Inserted, Queued, Write, WriteOp, Written};
+use crate::claim::{ClaimError, ClaimRef};
 
 /// Most writes in one batch.
 pub const MAX_BATCH: usize = 256;
@@ -36,6 +39,20 @@ struct Pending {
     /// Its place in the order writes were queued in.
     seq: u64,
     reply: oneshot::Sender<Result<Written, DataError>>,
+}
+
+/// Confirms waiting for the next batch.
+struct Confirming {
+    confirms: Vec<Confirm>,
+    /// The claim store's time of the confirm.
+    now: i64,
+    reply: oneshot::Sender<Result<Vec<bool>, ClaimError>>,
+}
+
+/// What the batching task is handed.
+enum Item {
+    Write(Pending),
+    Confirm(Confirming),
 }
 
 /// The keys with writes queued or committing. A key's writes commit in
@@ -163,7 +180,7 @@ impl Drop for Answered {
 /// A data store whose guarded writes are group-committed.
 pub struct GroupCommit {
     inner: Arc<dyn DataStore>,
-    queue: mpsc::UnboundedSender<Pending>,
+    queue: mpsc::UnboundedSender<Item>,
     keys: Arc<Keys>,
 }
 
@@ -189,18 +206,19 @@ impl GroupCommit {
     }
 }
 
-async fn gather(store: Arc<dyn DataStore>, keys: Arc<Keys>, mut rx: mpsc::UnboundedReceiver<Pending>) {
+async fn gather(store: Arc<dyn DataStore>, keys: Arc<Keys>, mut rx: mpsc::UnboundedReceiver<Item>) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut waiting: VecDeque<Pending> = VecDeque::new();
+    let mut confirming: Vec<Confirming> = Vec::new();
     let mut incoming = Vec::with_capacity(MAX_BATCH);
     let mut open = true;
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let batch = loop {
+        let (batch, confirms) = loop {
             let changed = keys.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if waiting.is_empty() {
+            if waiting.is_empty() && confirming.is_empty() {
                 if !open || rx.recv_many(&mut incoming, MAX_BATCH).await == 0 {
                     return;
                 }
@@ -212,10 +230,15 @@ async fn gather(store: Arc<dyn DataStore>, keys: Arc<Keys>, mut rx: mpsc::Unboun
                     }
                 }
             }
-            waiting.extend(incoming.drain(..));
+            for item in incoming.drain(..) {
+                match item {
+                    Item::Write(p) => waiting.push_back(p),
+                    Item::Confirm(c) => confirming.push(c),
+                }
+            }
             let batch = keys.take_ready(&mut waiting, MAX_BATCH);
-            if !batch.is_empty() {
-                break batch;
+            if !batch.is_empty() || !confirming.is_empty() {
+                break (batch, std::mem::take(&mut confirming));
             }
             // Everything waiting writes keys a batch in flight commits:
             // wait for it to finish, or for more to arrive.
@@ -232,15 +255,46 @@ async fn gather(store: Arc<dyn DataStore>, keys: Arc<Keys>, mut rx: mpsc::Unboun
                 items: batch.iter().map(|p| (key_of(&p.write), p.seq)).collect(),
             };
             let (items, replies): (Vec<Write>, Vec<_>) = batch.into_iter().map(|p| (p.write, p.reply)).unzip();
-            let results = store.write_many(&items).await;
+            let (results, confirmed) = if confirms.is_empty() {
+                (store.write_many(&items).await, None)
+            } else {
+                let now = confirms.iter().map(|c| c.now).max().unwrap_or_default();
+                let all = confirms.iter().flat_map(|c| c.confirms.iter().cloned()).collect();
+                let (results, confirmed) = store.write_and_confirm(&items, all, now).await;
+                (results, Some(confirmed))
+            };
             // Answered before the replies: a caller that waits for its
             // write and then reads the key must not wait for itself.
             drop(answered);
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
+            if let Some(confirmed) = confirmed {
+                answer_confirms(confirms, confirmed);
+            }
             drop(slot);
         });
+    }
+}
+
+/// Answer each batch of confirms with its own part of `confirmed`.
+fn answer_confirms(confirms: Vec<Confirming>, confirmed: Result<Vec<bool>, ClaimError>) {
+    let mut answers = confirmed.as_ref().map(|all| all.iter().copied());
+    for c in confirms {
+        let answer = match &mut answers {
+            Ok(all) => {
+                let mine: Vec<bool> = all.by_ref().take(c.confirms.len()).collect();
+                if mine.len() == c.confirms.len() {
+                    Ok(mine)
+                } else {
+                    Err(ClaimError::Unavailable(
+                        "the store answered fewer confirms than it was given".into(),
+                    ))
+                }
+            }
+            Err(e) => Err(e.clone()),
+        };
+        let _ = c.reply.send(answer);
     }
 }
 
@@ -294,15 +348,40 @@ impl DataStore for GroupCommit {
         self.inner.forget_fences(claims).await
     }
 
+    fn confirms_claims(&self) -> bool {
+        self.inner.confirms_claims()
+    }
+
+    async fn confirm(&self, confirms: Vec<Confirm>, now: i64) -> Result<Vec<bool>, ClaimError> {
+        if confirms.is_empty() || !self.confirms_claims() {
+            return self.inner.confirm(confirms, now).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        match self.queue.send(Item::Confirm(Confirming { confirms, now, reply })) {
+            Ok(()) => answer
+                .await
+                .unwrap_or_else(|_| Err(ClaimError::Unavailable("the group-commit task stopped".into()))),
+            // The batching task is gone (the runtime is shutting down):
+            // confirm directly.
+            Err(unsent) => match unsent.0 {
+                Item::Confirm(c) => self.inner.confirm(c.confirms, now).await,
+                Item::Write(_) => unreachable!("a confirm was sent"),
+            },
+        }
+    }
+
     async fn queue(&self, write: Write) -> Queued {
         let (reply, answer) = oneshot::channel();
         let seq = self.keys.queued(&write);
-        match self.queue.send(Pending { write, seq, reply }) {
+        match self.queue.send(Item::Write(Pending { write, seq, reply })) {
             Ok(()) => Queued::waiting(answer),
             // The batching task is gone (the runtime is shutting down):
             // write it directly.
             Err(unsent) => {
-                let write = unsent.0.write;
+                let Item::Write(unsent) = unsent.0 else {
+                    unreachable!("a write was sent")
+                };
+                let write = unsent.write;
                 let result = self.inner.write_one(&write).await;
                 self.keys.done(&[(key_of(&write), seq)]);
                 Queued::done(result)

@@ -8,7 +8,7 @@ pub mod tokens;
 
 use async_trait::async_trait;
 
-use crate::claim::ClaimRef;
+use crate::claim::{ClaimError, ClaimRef};
 
 /// The outcome of an insert-unique.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +101,15 @@ impl Write {
     }
 }
 
+/// A claim to mark done, with the result its handler returned.
+#[derive(Debug, Clone)]
+pub struct Confirm {
+    /// The claim, confirmed only if its fence is current.
+    pub claim: ClaimRef,
+    /// Stored with the claim; duplicates are answered with it.
+    pub result: Option<Vec<u8>>,
+}
+
 /// A write handed to the store, committing now or later; [`Queued::wait`]
 /// answers once it has committed or failed.
 pub struct Queued(QueuedState);
@@ -182,6 +191,37 @@ pub trait DataStore: Send + Sync + 'static {
     /// one at a time.
     async fn write_many(&self, items: &[Write]) -> Vec<Result<Written, DataError>> {
         write_each(self, items).await
+    }
+    /// Whether the claims live in this store's database, so that
+    /// [`DataStore::confirm`] can commit confirms in the transactions of its
+    /// writes (one commit fewer per batch than confirming them in the claim
+    /// store on their own).
+    fn confirms_claims(&self) -> bool {
+        false
+    }
+    /// Confirm claims, as [`crate::claim::ClaimStore::confirm_with_results`]
+    /// does (`false` where the fence is stale), where
+    /// [`DataStore::confirms_claims`]; stores whose writes are
+    /// group-committed commit them with the next batch. Only call it for
+    /// executions whose writes have all been answered: the confirm may
+    /// commit in a later batch than they did, never in an earlier one.
+    async fn confirm(&self, confirms: Vec<Confirm>, now: i64) -> Result<Vec<bool>, ClaimError> {
+        let _ = (confirms, now);
+        Err(ClaimError::Unavailable(
+            "this data store does not hold the claims; confirm them in the claim store".into(),
+        ))
+    }
+    /// [`DataStore::write_many`] and [`DataStore::confirm`] in one
+    /// transaction where the store can; the default does one, then the
+    /// other.
+    async fn write_and_confirm(
+        &self,
+        items: &[Write],
+        confirms: Vec<Confirm>,
+        now: i64,
+    ) -> (Vec<Result<Written, DataError>>, Result<Vec<bool>, ClaimError>) {
+        let written = self.write_many(items).await;
+        (written, self.confirm(confirms, now).await)
     }
     /// Every key and value of a collection (for inspection and tests).
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError>;

@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use super::{DataError, DataStore, Inserted, Write, WriteOp, Written};
-use crate::claim::ClaimRef;
+use super::{Confirm, DataError, DataStore, Inserted, Write, WriteOp, Written};
+use crate::claim::{ClaimError, ClaimRef};
 use crate::now_ms;
 
 /// How a write proves its claim is current.
@@ -90,6 +90,9 @@ fn marked(n: usize, positions: Vec<i64>) -> Vec<bool> {
     out
 }
 
+/// A batch's answers: one per write, one per confirm.
+type Answers = (Vec<Result<Written, DataError>>, Vec<bool>);
+
 impl PgData {
     /// Write a batch in one transaction, each item under its own claim: a
     /// stale fence fails its own item only. A batch of upserts only is one
@@ -100,8 +103,20 @@ impl PgData {
     /// statement (a bad item, a deadlock abort) fails the whole batch;
     /// [`DataStore::write_many`] then writes item by item.
     pub async fn write_batch(&self, items: &[Write]) -> Result<Vec<Result<Written, DataError>>, sqlx::Error> {
+        Ok(self.write_batch_confirming(items, &[], 0).await?.0)
+    }
+
+    /// [`PgData::write_batch`], confirming `confirms` (claims of this
+    /// database, see [`DataStore::confirms_claims`]) in the same
+    /// transaction: in the upsert statement itself when the batch is upserts
+    /// only, as one more statement before the commit otherwise.
+    pub async fn write_batch_confirming(&self, items: &[Write], confirms: &[Confirm], now: i64) -> Result<Answers, sqlx::Error> {
+        if items.is_empty() {
+            let confirmed = confirm_in(&self.pool, confirms, now).await?;
+            return Ok((Vec::new(), confirmed));
+        }
         if items.iter().all(|w| matches!(w.op, WriteOp::Upsert(_))) {
-            return self.upsert_batch(items).await;
+            return self.upsert_batch(items, confirms, now).await;
         }
         let fence_query = match self.fencing {
             Fencing::Token => include_str!("../../queries/postgres/fence_batch_token.sql"),
@@ -181,35 +196,72 @@ impl PgData {
                 out[i] = Ok(Written::Deleted(existed));
             }
         }
+        let confirmed = if confirms.is_empty() {
+            Vec::new()
+        } else {
+            confirm_in(&mut *tx, confirms, now).await?
+        };
         tx.commit().await?;
-        Ok(out)
+        Ok((out, confirmed))
     }
 
-    /// A batch of upserts in one statement (fence check, write, one
-    /// transaction); the last write to a row wins.
-    async fn upsert_batch(&self, items: &[Write]) -> Result<Vec<Result<Written, DataError>>, sqlx::Error> {
-        let query = match self.fencing {
-            Fencing::Token => include_str!("../../queries/postgres/kv_upsert_batch_token.sql"),
-            Fencing::ClaimRow => include_str!("../../queries/postgres/kv_upsert_batch_claim_row.sql"),
-        };
+    /// A batch of upserts in one statement (fence check, write, and the
+    /// confirms, one transaction); the last write to a row wins.
+    async fn upsert_batch(&self, items: &[Write], confirms: &[Confirm], now: i64) -> Result<Answers, sqlx::Error> {
         let all: Vec<usize> = (0..items.len()).collect();
         let c = Columns::of(items, &all);
-        let positions: Vec<i64> = sqlx::query_scalar(query)
+        let query = match self.fencing {
+            Fencing::Token => sqlx::query_as(include_str!("../../queries/postgres/kv_upsert_batch_token.sql")),
+            Fencing::ClaimRow => sqlx::query_as(include_str!("../../queries/postgres/kv_upsert_batch_claim_row.sql")),
+        };
+        let query = query
             .bind(items.iter().map(|w| w.claim.plugin.clone()).collect::<Vec<String>>())
             .bind(items.iter().map(|w| w.claim.key.clone()).collect::<Vec<String>>())
             .bind(items.iter().map(|w| w.claim.fence).collect::<Vec<i64>>())
             .bind(c.collections)
             .bind(c.keys)
             .bind(c.values)
-            .bind(now_ms())
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(items
+            .bind(now_ms());
+        let rows: Vec<(i64, bool)> = match self.fencing {
+            Fencing::Token => {
+                debug_assert!(confirms.is_empty(), "claims fenced by tokens live elsewhere");
+                query.fetch_all(&self.pool).await?
+            }
+            Fencing::ClaimRow => {
+                query
+                    .bind(confirms.iter().map(|c| c.claim.plugin.clone()).collect::<Vec<String>>())
+                    .bind(confirms.iter().map(|c| c.claim.key.clone()).collect::<Vec<String>>())
+                    .bind(confirms.iter().map(|c| c.claim.fence).collect::<Vec<i64>>())
+                    .bind(confirms.iter().map(|c| c.result.clone()).collect::<Vec<_>>())
+                    .bind(now)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        let (mut written, mut confirmed) = (Vec::new(), Vec::new());
+        for (position, confirm) in rows {
+            if confirm { &mut confirmed } else { &mut written }.push(position);
+        }
+        let written = marked(items.len(), written);
+        let confirmed = marked(confirms.len(), confirmed);
+        let out = items
             .iter()
-            .zip(marked(items.len(), positions))
+            .zip(written)
             .map(|(w, written)| if written { Ok(Written::Upserted) } else { Err(w.fence_lost()) })
-            .collect())
+            .collect();
+        Ok((out, confirmed))
     }
+}
+
+/// Confirm claims of this database on `conn` (the pool, or a batch's
+/// transaction), as the claim store does.
+async fn confirm_in<'c, E>(conn: E, confirms: &[Confirm], now: i64) -> Result<Vec<bool>, sqlx::Error>
+where
+    E: sqlx::Executor<'c, Database = Postgres>,
+{
+    let claims: Vec<ClaimRef> = confirms.iter().map(|c| c.claim.clone()).collect();
+    let results = confirms.iter().map(|c| c.result.clone()).collect();
+    crate::claim::postgres::confirm_in(conn, &claims, results, now).await
 }
 
 #[async_trait]
@@ -302,6 +354,37 @@ impl DataStore for PgData {
 
     async fn write_many(&self, items: &[Write]) -> Vec<Result<Written, DataError>> {
         super::or_each(self, items, self.write_batch(items).await).await
+    }
+
+    fn confirms_claims(&self) -> bool {
+        self.fencing == Fencing::ClaimRow
+    }
+
+    async fn confirm(&self, confirms: Vec<Confirm>, now: i64) -> Result<Vec<bool>, ClaimError> {
+        if !self.confirms_claims() {
+            return Err(ClaimError::Unavailable("the claims are not in the data store's database".into()));
+        }
+        Ok(confirm_in(&self.pool, &confirms, now).await?)
+    }
+
+    async fn write_and_confirm(
+        &self,
+        items: &[Write],
+        confirms: Vec<Confirm>,
+        now: i64,
+    ) -> (Vec<Result<Written, DataError>>, Result<Vec<bool>, ClaimError>) {
+        if !self.confirms_claims() {
+            return (self.write_many(items).await, self.confirm(confirms, now).await);
+        }
+        match self.write_batch_confirming(items, &confirms, now).await {
+            Ok((written, confirmed)) => (written, Ok(confirmed)),
+            // The transaction failed as a whole (a bad item, a deadlock
+            // abort): the writes item by item, the confirms on their own.
+            Err(e) => {
+                tracing::debug!(error = %e, items = items.len(), confirms = confirms.len(), "group commit failed; writing the batch item by item");
+                (super::write_each(self, items).await, self.confirm(confirms, now).await)
+            }
+        }
     }
 
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {

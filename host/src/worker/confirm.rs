@@ -13,6 +13,7 @@ use crate::broker::{Answer, Verdict};
 use crate::claim::ClaimRef;
 use crate::envelope::Envelope;
 use crate::stats::Counters;
+use crate::store::Confirm;
 
 /// Most confirmations sent to the claim store (and acks to the broker) in
 /// one round trip.
@@ -84,19 +85,29 @@ impl Worker {
         }
     }
 
-    /// Confirm claims (one round trip), then ack what was confirmed (one
-    /// more). A refused confirm means the claim was taken over: its
-    /// delivery is handed back.
+    /// Confirm claims (one round trip, or none of its own where the data
+    /// store commits them with its next batch of writes), then ack what was
+    /// confirmed (one more). A refused confirm means the claim was taken
+    /// over: its delivery is handed back.
     async fn confirm_batch(&self, items: Vec<AwaitingConfirm>) {
         let c = &self.counters;
-        let claims: Vec<ClaimRef> = items.iter().map(|s| s.claim.clone()).collect();
-        let results: Vec<Option<&[u8]>> = items.iter().map(|s| s.result.as_deref()).collect();
-        match self
-            .backends
-            .claims
-            .confirm_with_results(&claims, &results, self.backends.clock.now_ms())
-            .await
-        {
+        let now = self.backends.clock.now_ms();
+        let data = &self.backends.data;
+        let confirmed = if data.confirms_claims() {
+            let confirms = items
+                .iter()
+                .map(|s| Confirm {
+                    claim: s.claim.clone(),
+                    result: s.result.clone(),
+                })
+                .collect();
+            data.confirm(confirms, now).await
+        } else {
+            let claims: Vec<ClaimRef> = items.iter().map(|s| s.claim.clone()).collect();
+            let results: Vec<Option<&[u8]>> = items.iter().map(|s| s.result.as_deref()).collect();
+            self.backends.claims.confirm_with_results(&claims, &results, now).await
+        };
+        match confirmed {
             Ok(confirmed) => {
                 let mut done = Vec::with_capacity(items.len());
                 for (item, ok) in items.iter().zip(confirmed) {
