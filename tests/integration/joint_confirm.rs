@@ -61,12 +61,13 @@ async fn stored(s: &Served, keys: &[&str]) -> Vec<Option<Vec<u8>>> {
 
 /// The statements themselves: a batch of upserts with confirms (one
 /// statement), a batch of every kind with confirms (one more statement in
-/// its transaction), and confirms alone. A stale fence or a claim already
-/// done is refused, the others are confirmed with their results.
+/// its transaction), confirms alone, and a batch whose transaction fails as
+/// a whole. A stale fence or a claim already done is refused, the others
+/// are confirmed with their results.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirms_commit_in_the_write_batch_and_check_each_fence() {
     let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
-    claimed(&s, &["j1", "j2", "j3", "j4"], "j2").await;
+    claimed(&s, &["j1", "j2", "j3", "j4", "j5"], "j2").await;
     let pool = idem_host::backend::open_postgres(&crate::common::services::postgres(), &s.config.namespace, 2, "data")
         .await
         .unwrap();
@@ -116,13 +117,26 @@ async fn confirms_commit_in_the_write_batch_and_check_each_fence() {
     assert!(written.is_empty());
     assert_eq!(confirmed, vec![true]);
     assert_eq!(stored(&s, &["j2"]).await, vec![Some(b"r2".to_vec())]);
+
+    // A batch whose transaction fails as a whole (a key Postgres text
+    // cannot hold): the confirms on their own, the writes item by item.
+    let (written, confirmed) = data
+        .write_and_confirm(
+            &[write("j3", "bad\0key", up(b"x")), write("j3", "fine", up(b"y"))],
+            vec![confirm("j5", 1, b"r5"), confirm("j1", 1, b"again")],
+            2_000_003,
+        )
+        .await;
+    assert!(matches!(written[0], Err(DataError::Unavailable(_))), "{written:?}");
+    assert_eq!(written[1].as_ref().ok(), Some(&Written::Upserted), "{written:?}");
+    assert_eq!(confirmed.unwrap(), vec![true, false]);
+    assert_eq!(stored(&s, &["j5"]).await, vec![Some(b"r5".to_vec())]);
     s.cleanup().await;
 }
 
 /// Through the group commit: confirms sent while writes are queued are
-/// answered per claim; a batch whose transaction fails as a whole (a key
-/// Postgres text cannot hold) is written item by item and its confirms
-/// still commit. With claims elsewhere (Redis) the data store confirms
+/// answered per claim; a batch with a write Postgres refuses is written
+/// item by item and its confirms still commit. With claims elsewhere (Redis) the data store confirms
 /// nothing and the worker confirms in the claim store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_group_commit_answers_confirms_beside_writes() {
@@ -179,5 +193,67 @@ async fn the_group_commit_answers_confirms_beside_writes() {
     let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
     assert!(!s.backends.data.confirms_claims(), "claims in Redis: confirmed there");
     assert!(s.backends.data.confirm(vec![confirm("g1", 1, b"r")], 1).await.is_err());
+    s.cleanup().await;
+}
+
+/// A claim transaction holds one claim row and then asks for a second (two
+/// redeliveries, decided in key order) while a group commit writes under
+/// the second and confirms the first: the group commit waits for the claim
+/// transaction, and neither is aborted as a deadlock. Both batch paths: the
+/// upsert statement, and the transaction of every kind. (While a batch
+/// locked the rows it wrote under before those it confirmed, each held a row
+/// the other waited for, and Postgres aborted one after `deadlock_timeout`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_commit_and_a_claim_transaction_lock_claim_rows_in_one_order() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    claimed(&s, &["d1", "d2", "e1", "e2", "x"], "x").await;
+    let ns = s.config.namespace.clone();
+    let pool = idem_host::backend::open_postgres(&crate::common::services::postgres(), &ns, 4, "data")
+        .await
+        .unwrap();
+    let data = Arc::new(PgData::new(pool.clone(), Fencing::ClaimRow));
+    for (first, second, op) in [
+        ("d1", "d2", WriteOp::Upsert(b"u".to_vec())),
+        ("e1", "e2", WriteOp::InsertUnique(b"i".to_vec())),
+    ] {
+        let mut holder = pool.begin().await.unwrap();
+        let lock = |key: &str| format!("SELECT fence FROM claims WHERE plugin = 'p' AND key = '{key}' FOR UPDATE");
+        sqlx::query(sqlx::AssertSqlSafe(lock(first))).execute(&mut *holder).await.unwrap();
+        let batch = {
+            let data = data.clone();
+            let w = write(second, &format!("row-{second}"), op.clone());
+            let c = confirm(first, 1, b"r");
+            tokio::spawn(async move { data.write_batch_confirming(&[w], &[c], 4_000_000).await })
+        };
+        let watcher = pool.clone();
+        let app = format!("idem {ns}");
+        crate::common::wait_until(Duration::from_secs(10), "the group commit waiting for the held claim row", || {
+            let watcher = watcher.clone();
+            let app = app.clone();
+            async move {
+                let waiting: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'")
+                        .bind(app)
+                        .fetch_one(&watcher)
+                        .await
+                        .unwrap();
+                waiting >= 1
+            }
+        })
+        .await;
+        let second_lock = sqlx::query(sqlx::AssertSqlSafe(lock(second))).execute(&mut *holder).await;
+        assert!(second_lock.is_ok(), "{second}: the claim transaction was aborted: {second_lock:?}");
+        holder.commit().await.unwrap();
+        let (written, confirmed) = batch
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{second}: the group commit was aborted: {e}"));
+        assert!(written[0].is_ok(), "{written:?}");
+        assert_eq!(confirmed, vec![true], "{first} confirmed");
+        assert_eq!(stored(&s, &[first]).await, vec![Some(b"r".to_vec())]);
+    }
+    pool.close().await;
     s.cleanup().await;
 }

@@ -35,7 +35,15 @@ fn statements() -> Vec<Statement> {
         Statement {
             name: "fence_batch_claim_row",
             sql: include_str!("../../host/queries/postgres/fence_batch_claim_row.sql"),
-            args: batch,
+            // Writes under these claims, and confirms of them.
+            args: |keys| {
+                format!(
+                    "{}, {}, {}",
+                    batch(keys),
+                    literal(&vec!["p".to_string(); keys.len()]),
+                    literal(keys)
+                )
+            },
         },
         Statement {
             name: "kv_upsert_batch_claim_row",

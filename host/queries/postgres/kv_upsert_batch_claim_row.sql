@@ -1,14 +1,17 @@
 -- Group commit of upserts under claims in this database, with the confirms
 -- of executions whose writes committed in earlier batches: one statement,
--- one transaction, one commit. An item is written only if its claim row
--- still has its fence and is running; the claim rows are share-locked (in
--- key order) until commit, so a takeover waits for the batch or the batch
--- sees the takeover. Within the batch, the last write to a row wins, as if
--- the items had run in arrival order. Rows are written in key order so
+-- one transaction, one commit. Every claim row the batch writes under or
+-- confirms is locked first, in one pass, one key at a time through the
+-- primary key, in byte order of (plugin, key): the order every statement and
+-- transaction that locks several claim rows uses, so a takeover, an
+-- extension or another batch waits for this one or is waited for, never
+-- both at once. An item is written only if its claim row still has its
+-- fence and is running. Within the batch, the last write to a row wins, as
+-- if the items had run in arrival order; rows are written in key order so
 -- concurrent batches lock them in the same order. A confirm (as in
 -- claim_confirm.sql) marks its claim done only if it is running with that
--- fence; no claim is both written under and confirmed by one batch (an
--- execution is confirmed only after its writes are answered).
+-- fence. A stale write and the current holder's confirm of one claim may
+-- share a batch: the write is refused, the confirm holds.
 -- $1 plugins, $2 claim keys, $3 fences, $4 collections, $5 keys, $6 values, $7 now,
 -- $8 confirm plugins, $9 confirm keys, $10 confirm fences, $11 confirm results, $12 confirm now
 -- Returns (position, confirm): the (1-based) positions of the upserts
@@ -17,11 +20,21 @@ WITH items AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[])
         WITH ORDINALITY AS t(plugin, claim_key, fence, collection, key, value, idx)
 ),
+confirms AS (
+    SELECT * FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bytea[])
+        WITH ORDINALITY AS r(plugin, key, fence, result, idx)
+),
 locked AS (
-    SELECT c.plugin, c.key, c.fence FROM claims c
-    WHERE (c.plugin, c.key) IN (SELECT plugin, claim_key FROM items) AND c.state = 'running'
-    ORDER BY c.plugin, c.key
-    FOR SHARE
+    SELECT c.plugin, c.key, c.fence
+    FROM (
+        SELECT plugin, key FROM (SELECT plugin, claim_key FROM items UNION ALL SELECT plugin, key FROM confirms) AS u(plugin, key)
+        GROUP BY plugin, key ORDER BY plugin COLLATE "C", key COLLATE "C"
+    ) AS k
+    CROSS JOIN LATERAL (
+        SELECT c.plugin, c.key, c.fence FROM claims c
+        WHERE c.plugin = k.plugin AND c.key = k.key AND c.state = 'running'
+        FOR NO KEY UPDATE
+    ) AS c
 ),
 held AS (
     SELECT i.* FROM items i JOIN locked c ON c.plugin = i.plugin AND c.key = i.claim_key AND c.fence = i.fence
@@ -36,8 +49,8 @@ written AS (
 ),
 confirmed AS (
     UPDATE claims c SET state = 'done', owner = NULL, lease_until = 0, last_error = NULL, updated_at = $12, result = r.result
-    FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bytea[]) WITH ORDINALITY AS r(plugin, key, fence, result, idx)
-    WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'running'
+    FROM confirms r JOIN locked l ON l.plugin = r.plugin AND l.key = r.key AND l.fence = r.fence
+    WHERE c.plugin = r.plugin AND c.key = r.key
     RETURNING r.idx
 )
 SELECT idx, false AS confirm FROM held

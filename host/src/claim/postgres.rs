@@ -2,8 +2,11 @@
 //!
 //! A batch of claims is one transaction: the keys seen for the first time
 //! are inserted in one statement, the rest are locked (`FOR UPDATE`) and
-//! decided one by one. Both go in key order, so two workers claiming
-//! overlapping batches queue behind each other instead of deadlocking.
+//! decided one by one. Both go in key order. Every statement or transaction
+//! that locks several claim rows does so in key order (claims, extensions,
+//! confirms, dead letters, and the data store's group commit, which locks
+//! the rows it writes under and confirms in one pass), so any two of them
+//! queue behind each other instead of deadlocking.
 
 use std::collections::{HashMap, HashSet};
 
@@ -343,8 +346,12 @@ impl ClaimStore for PgClaims {
 
     async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError> {
         let mut tx = self.pool.begin().await?;
-        let mut out = Vec::with_capacity(items.len());
-        for d in items {
+        let mut out = vec![false; items.len()];
+        // Claim rows are locked in key order, as everywhere.
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| (items[i].plugin, items[i].key));
+        for i in order {
+            let d = &items[i];
             let (attempts, first_seen, version) = match d.fence {
                 Some(fence) => {
                     let row = sqlx::query(include_str!("../../queries/postgres/claim_mark_dead.sql"))
@@ -361,10 +368,7 @@ impl ClaimStore for PgClaims {
                             row.try_get::<i64, _>("created_at")?,
                             row.try_get::<Option<String>, _>("plugin_version")?,
                         ),
-                        None => {
-                            out.push(false);
-                            continue;
-                        }
+                        None => continue,
                     }
                 }
                 None => (0, now, d.plugin_version.map(str::to_string)),
@@ -383,7 +387,7 @@ impl ClaimStore for PgClaims {
                 now,
             )
             .await?;
-            out.push(true);
+            out[i] = true;
         }
         tx.commit().await?;
         Ok(out)

@@ -111,6 +111,11 @@ impl PgData {
     /// transaction: in the upsert statement itself when the batch is upserts
     /// only, as one more statement before the commit otherwise.
     pub async fn write_batch_confirming(&self, items: &[Write], confirms: &[Confirm], now: i64) -> Result<Answers, sqlx::Error> {
+        if !confirms.is_empty() && !self.confirms_claims() {
+            return Err(sqlx::Error::InvalidArgument(
+                "confirms given to a data store whose claims live elsewhere".into(),
+            ));
+        }
         if items.is_empty() {
             let confirmed = confirm_in(&self.pool, confirms, now).await?;
             return Ok((Vec::new(), confirmed));
@@ -123,12 +128,19 @@ impl PgData {
             Fencing::ClaimRow => include_str!("../../queries/postgres/fence_batch_claim_row.sql"),
         };
         let mut tx = self.pool.begin().await?;
-        let held: Vec<i64> = sqlx::query_scalar(fence_query)
+        let fences = sqlx::query_scalar(fence_query)
             .bind(items.iter().map(|w| w.claim.plugin.clone()).collect::<Vec<String>>())
             .bind(items.iter().map(|w| w.claim.key.clone()).collect::<Vec<String>>())
-            .bind(items.iter().map(|w| w.claim.fence).collect::<Vec<i64>>())
-            .fetch_all(&mut *tx)
-            .await?;
+            .bind(items.iter().map(|w| w.claim.fence).collect::<Vec<i64>>());
+        // With the claims here, the rows of the confirms are locked in the
+        // same pass.
+        let fences = match self.fencing {
+            Fencing::Token => fences,
+            Fencing::ClaimRow => fences
+                .bind(confirms.iter().map(|c| c.claim.plugin.clone()).collect::<Vec<String>>())
+                .bind(confirms.iter().map(|c| c.claim.key.clone()).collect::<Vec<String>>()),
+        };
+        let held: Vec<i64> = fences.fetch_all(&mut *tx).await?;
         let held = marked(items.len(), held);
         let mut out: Vec<Result<Written, DataError>> = items.iter().map(|w| Err(w.fence_lost())).collect();
         let of_kind = |kind: fn(&WriteOp) -> bool| -> Vec<usize> { (0..items.len()).filter(|&i| held[i] && kind(&items[i].op)).collect() };
@@ -223,10 +235,8 @@ impl PgData {
             .bind(c.values)
             .bind(now_ms());
         let rows: Vec<(i64, bool)> = match self.fencing {
-            Fencing::Token => {
-                debug_assert!(confirms.is_empty(), "claims fenced by tokens live elsewhere");
-                query.fetch_all(&self.pool).await?
-            }
+            // No confirms here (`write_batch_confirming` refuses them).
+            Fencing::Token => query.fetch_all(&self.pool).await?,
             Fencing::ClaimRow => {
                 query
                     .bind(confirms.iter().map(|c| c.claim.plugin.clone()).collect::<Vec<String>>())
@@ -379,10 +389,13 @@ impl DataStore for PgData {
         match self.write_batch_confirming(items, &confirms, now).await {
             Ok((written, confirmed)) => (written, Ok(confirmed)),
             // The transaction failed as a whole (a bad item, a deadlock
-            // abort): the writes item by item, the confirms on their own.
+            // abort): the confirms on their own, first (their writes
+            // committed in earlier batches, and their leases run), then
+            // the writes item by item.
             Err(e) => {
                 tracing::debug!(error = %e, items = items.len(), confirms = confirms.len(), "group commit failed; writing the batch item by item");
-                (super::write_each(self, items).await, self.confirm(confirms, now).await)
+                let confirmed = self.confirm(confirms, now).await;
+                (super::write_each(self, items).await, confirmed)
             }
         }
     }
