@@ -34,7 +34,7 @@ fn statements() -> Vec<Statement> {
     vec![
         Statement {
             name: "fence_batch_claim_row",
-            sql: include_str!("../../host/queries/postgres/fence_batch_claim_row.sql"),
+            sql: idem_host::claim::locking::FENCE_BATCH.as_str(),
             // Writes under these claims, and confirms of them.
             args: |keys| {
                 format!(
@@ -47,7 +47,7 @@ fn statements() -> Vec<Statement> {
         },
         Statement {
             name: "kv_upsert_batch_claim_row",
-            sql: include_str!("../../host/queries/postgres/kv_upsert_batch_claim_row.sql"),
+            sql: idem_host::claim::locking::UPSERT_BATCH.as_str(),
             args: |keys| {
                 // Upserts under these claims, and confirms of them.
                 let values = vec!["'\\x76'::bytea"; keys.len()].join(",");
@@ -63,12 +63,12 @@ fn statements() -> Vec<Statement> {
         },
         Statement {
             name: "claim_confirm",
-            sql: include_str!("../../host/queries/postgres/claim_confirm.sql"),
+            sql: idem_host::claim::locking::CONFIRM.as_str(),
             args: |keys| format!("{}, 1000, ARRAY[{}]::bytea[]", batch(keys), vec!["NULL"; keys.len()].join(",")),
         },
         Statement {
             name: "claim_extend",
-            sql: include_str!("../../host/queries/postgres/claim_extend.sql"),
+            sql: idem_host::claim::locking::EXTEND.as_str(),
             args: |keys| format!("{}, 2000, 1000", batch(keys)),
         },
         Statement {

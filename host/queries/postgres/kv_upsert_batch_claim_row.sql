@@ -1,14 +1,13 @@
 -- Group commit of upserts under claims in this database, with the confirms
 -- of executions whose writes committed in earlier batches: one statement,
 -- one transaction, one commit. Every claim row the batch writes under or
--- confirms is locked first, in one pass, one key at a time through the
--- primary key, in byte order of (plugin, key): the order every statement and
--- transaction that locks several claim rows uses, so a takeover, an
--- extension or another batch waits for this one or is waited for, never
--- both at once. An item is written only if its claim row still has its
--- fence and is running. Within the batch, the last write to a row wins, as
--- if the items had run in arrival order; rows are written in key order so
--- concurrent batches lock them in the same order. A confirm (as in
+-- confirms is locked first, in one pass in the one order
+-- (claims_locked.sql), so a takeover, an extension or another batch waits
+-- for this one or is waited for, never both at once. An item is written
+-- only if its claim row still has its fence and is running. Within the
+-- batch, the last write to a row wins, as if the items had run in arrival
+-- order; rows are written in key order so concurrent batches lock them in
+-- the same order. A confirm (as in
 -- claim_confirm.sql) marks its claim done only if it is running with that
 -- fence. A stale write and the current holder's confirm of one claim may
 -- share a batch: the write is refused, the confirm holds.
@@ -24,17 +23,11 @@ confirms AS (
     SELECT * FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bytea[])
         WITH ORDINALITY AS r(plugin, key, fence, result, idx)
 ),
+lock_keys (plugin, key) AS (
+    SELECT plugin, claim_key FROM items UNION ALL SELECT plugin, key FROM confirms
+),
 locked AS (
-    SELECT c.plugin, c.key, c.fence
-    FROM (
-        SELECT plugin, key FROM (SELECT plugin, claim_key FROM items UNION ALL SELECT plugin, key FROM confirms) AS u(plugin, key)
-        GROUP BY plugin, key ORDER BY plugin COLLATE "C", key COLLATE "C"
-    ) AS k
-    CROSS JOIN LATERAL (
-        SELECT c.plugin, c.key, c.fence FROM claims c
-        WHERE c.plugin = k.plugin AND c.key = k.key AND c.state = 'running'
-        FOR NO KEY UPDATE
-    ) AS c
+    -- claims_locked.sql
 ),
 held AS (
     SELECT i.* FROM items i JOIN locked c ON c.plugin = i.plugin AND c.key = i.claim_key AND c.fence = i.fence

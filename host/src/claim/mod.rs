@@ -9,6 +9,7 @@
 //! expects; a stale fence changes nothing.
 
 mod admin;
+pub mod locking;
 pub mod postgres;
 pub mod redis;
 mod redis_inspect;

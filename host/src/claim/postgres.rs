@@ -138,7 +138,7 @@ where
     E: sqlx::Executor<'c, Database = Postgres>,
 {
     let (p, k, f) = arrays(claims);
-    let rows = sqlx::query(include_str!("../../queries/postgres/claim_confirm.sql"))
+    let rows = sqlx::query(super::locking::CONFIRM.as_str())
         .bind(p)
         .bind(k)
         .bind(f)
@@ -295,7 +295,7 @@ impl ClaimStore for PgClaims {
 
     async fn extend(&self, claims: &[ClaimRef], lease_ms: i64, now: i64) -> Result<Vec<bool>, ClaimError> {
         let (p, k, f) = arrays(claims);
-        let rows = sqlx::query(include_str!("../../queries/postgres/claim_extend.sql"))
+        let rows = sqlx::query(super::locking::EXTEND.as_str())
             .bind(p)
             .bind(k)
             .bind(f)

@@ -110,6 +110,11 @@ pub struct Confirm {
     pub result: Option<Vec<u8>>,
 }
 
+/// The answers to a batch of writes and confirms: one per write, and one
+/// per confirm (`false` where the fence is stale) or the error that failed
+/// them all.
+pub type WrittenAndConfirmed = (Vec<Result<Written, DataError>>, Result<Vec<bool>, ClaimError>);
+
 /// A write handed to the store, committing now or later; [`Queued::wait`]
 /// answers once it has committed or failed.
 pub struct Queued(QueuedState);
@@ -214,12 +219,7 @@ pub trait DataStore: Send + Sync + 'static {
     /// [`DataStore::write_many`] and [`DataStore::confirm`] in one
     /// transaction where the store can; the default does one, then the
     /// other.
-    async fn write_and_confirm(
-        &self,
-        items: &[Write],
-        confirms: Vec<Confirm>,
-        now: i64,
-    ) -> (Vec<Result<Written, DataError>>, Result<Vec<bool>, ClaimError>) {
+    async fn write_and_confirm(&self, items: &[Write], confirms: Vec<Confirm>, now: i64) -> WrittenAndConfirmed {
         let written = self.write_many(items).await;
         (written, self.confirm(confirms, now).await)
     }

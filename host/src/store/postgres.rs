@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use super::{Confirm, DataError, DataStore, Inserted, Write, WriteOp, Written};
+use super::{Confirm, DataError, DataStore, Inserted, Write, WriteOp, Written, WrittenAndConfirmed};
 use crate::claim::{ClaimError, ClaimRef};
 use crate::now_ms;
 
@@ -125,7 +125,7 @@ impl PgData {
         }
         let fence_query = match self.fencing {
             Fencing::Token => include_str!("../../queries/postgres/fence_batch_token.sql"),
-            Fencing::ClaimRow => include_str!("../../queries/postgres/fence_batch_claim_row.sql"),
+            Fencing::ClaimRow => crate::claim::locking::FENCE_BATCH.as_str(),
         };
         let mut tx = self.pool.begin().await?;
         let fences = sqlx::query_scalar(fence_query)
@@ -224,7 +224,7 @@ impl PgData {
         let c = Columns::of(items, &all);
         let query = match self.fencing {
             Fencing::Token => sqlx::query_as(include_str!("../../queries/postgres/kv_upsert_batch_token.sql")),
-            Fencing::ClaimRow => sqlx::query_as(include_str!("../../queries/postgres/kv_upsert_batch_claim_row.sql")),
+            Fencing::ClaimRow => sqlx::query_as(crate::claim::locking::UPSERT_BATCH.as_str()),
         };
         let query = query
             .bind(items.iter().map(|w| w.claim.plugin.clone()).collect::<Vec<String>>())
@@ -377,12 +377,7 @@ impl DataStore for PgData {
         Ok(confirm_in(&self.pool, &confirms, now).await?)
     }
 
-    async fn write_and_confirm(
-        &self,
-        items: &[Write],
-        confirms: Vec<Confirm>,
-        now: i64,
-    ) -> (Vec<Result<Written, DataError>>, Result<Vec<bool>, ClaimError>) {
+    async fn write_and_confirm(&self, items: &[Write], confirms: Vec<Confirm>, now: i64) -> WrittenAndConfirmed {
         if !self.confirms_claims() {
             return (self.write_many(items).await, self.confirm(confirms, now).await);
         }
