@@ -361,6 +361,47 @@ async fn a_done_execution_awaiting_its_confirm_is_never_dead_lettered() {
     pool.stop().await.unwrap();
 }
 
+/// Shutdown after the grace period: the handler still running is stopped
+/// and its claim released for a retry, but an execution that finished and
+/// waits for its batched confirm (held here by a slow confirm) is
+/// confirmed, not released and run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_confirms_what_finished_and_releases_what_still_runs() {
+    let mut env = Env::new().await;
+    env.config.worker.shutdown_grace_ms = 300;
+    env.mock.state.lock().unwrap().held.insert("inventory/ord-stop".into());
+    let hooks = idem_host::hooks::Hooks {
+        delay_confirm: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let pool = start_hooked(&env, hooks).await;
+    let order = envelope(
+        "msg-ord-stop",
+        "fulfil-order",
+        json!({ "order_id": "ord-stop", "customer": "c", "email": "c@example.com", "sku": "s", "quantity": 1, "amount_cents": 900 }),
+    );
+    let grant = envelope("g-stop", "grant-credits", json!({ "user": "u-stop", "balance": 3 }));
+    pool.backends.broker.publish(&[order, grant], Duration::ZERO).await.unwrap();
+    wait_for_held(&env.mock, "the order's handler reached the held step").await;
+    let data = pool.backends.data.clone();
+    wait_until(Duration::from_secs(30), "the grant's upsert committed", || {
+        let data = data.clone();
+        async move { data.get("credits", "u-stop").await.unwrap().is_some() }
+    })
+    .await;
+    let (backends, counters) = (pool.backends.clone(), pool.counters.clone());
+    pool.stop().await.unwrap();
+    let state = |plugin: &'static str, key: &'static str| {
+        let admin = backends.admin.clone();
+        async move { admin.state(plugin, key).await.unwrap().map(|s| s.as_str()) }
+    };
+    assert_eq!(state("grant-credits", "g-stop").await, Some("done"), "confirmed, not released");
+    assert_eq!(state("fulfil-order", "ord-stop").await, Some("retry"), "released for a retry");
+    let c = counters.snapshot();
+    assert_eq!((c.done, c.fence_rejections), (1, 0), "{c:?}");
+    env.mock.release();
+}
+
 /// G3 and G5 with clocks that disagree. Worker B's wall clock runs two
 /// leases ahead of A's; A's handler is held inside its charge until B has
 /// been told the key is busy and A's heartbeat has carried its lease past

@@ -20,6 +20,8 @@ struct Running {
     receipt: String,
     /// Set when the lease was lost: the instance stops at its next epoch.
     interrupt: Arc<AtomicBool>,
+    /// The handler returned ok: only the batched confirm is left.
+    finished: bool,
 }
 
 /// Claims held now, by registration id.
@@ -42,6 +44,7 @@ impl InFlight {
                 claim: claim.clone(),
                 receipt: receipt.to_string(),
                 interrupt: interrupt.clone(),
+                finished: false,
             },
         );
         Registered {
@@ -55,9 +58,14 @@ impl InFlight {
         self.lock().len()
     }
 
-    /// The claims and receipts held now.
+    /// The claims and receipts held now by executions whose handler has
+    /// not finished (those waiting for their confirm are left to it).
     pub(super) fn claims_and_receipts(&self) -> Vec<(ClaimRef, String)> {
-        self.lock().values().map(|r| (r.claim.clone(), r.receipt.clone())).collect()
+        self.lock()
+            .values()
+            .filter(|r| !r.finished)
+            .map(|r| (r.claim.clone(), r.receipt.clone()))
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
@@ -69,6 +77,17 @@ impl InFlight {
 pub(super) struct Registered {
     registry: Arc<InFlight>,
     id: u64,
+}
+
+impl Registered {
+    /// The handler returned ok and the execution waits for its confirm: its
+    /// lease is still extended, but a shutdown leaves it to the confirm
+    /// instead of releasing it for a retry.
+    pub(super) fn finished(&self) {
+        if let Some(r) = self.registry.lock().get_mut(&self.id) {
+            r.finished = true;
+        }
+    }
 }
 
 impl Drop for Registered {
@@ -157,6 +176,9 @@ mod tests {
         }));
         assert!(outcome.is_err());
         assert_eq!(registry.claims_and_receipts(), vec![(claim("a"), "r-a".to_string())]);
+        a.finished();
+        assert_eq!(registry.len(), 1, "a finished execution keeps its lease extended");
+        assert!(registry.claims_and_receipts().is_empty(), "and is left to its confirm");
         drop(a);
         assert_eq!(registry.len(), 0);
     }

@@ -233,7 +233,9 @@ impl Worker {
     /// The grace period is over: stop the handlers still running, release
     /// their claims (a retry is due at once) and hand their deliveries back
     /// for redelivery. Nothing is acked, so nothing is lost; a handler
-    /// stopped half-way left only fenced, repeat-safe effects.
+    /// stopped half-way left only fenced, repeat-safe effects. Executions
+    /// whose handler finished and that wait for their batched confirm are
+    /// left to it (the confirm task flushes after this).
     async fn stop_running(&self, tasks: &mut tokio::task::JoinSet<()>) {
         let running = self.in_flight.claims_and_receipts();
         tracing::warn!(

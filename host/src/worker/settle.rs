@@ -113,6 +113,9 @@ impl Worker {
             rand::random::<f64>(),
         ) {
             Settlement::Confirm(result) => {
+                if let Some(held) = &a.held {
+                    held.finished();
+                }
                 let hook = self.caps.hooks.on_done.is_some();
                 let k = a.candidate;
                 let waiting = AwaitingConfirm {
