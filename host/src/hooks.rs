@@ -28,6 +28,10 @@ pub struct Hooks {
     /// Fault injection (tests): take this long over each nack, as a slow
     /// broker would (a NATS nak, a delayed RabbitMQ nack).
     pub delay_nack: Option<std::time::Duration>,
+    /// Fault injection (tests): the queue of executions waiting for their
+    /// confirm holds at most this many, so a slow confirm backs up into
+    /// the finished handlers sooner.
+    pub confirm_queue: Option<usize>,
     /// Fault injection (tests): this worker's wall clock runs this many ms
     /// ahead (negative: behind). Where the claim store has a clock of its
     /// own, lease times do not depend on it.
@@ -51,6 +55,7 @@ impl std::fmt::Debug for Hooks {
             .field("on_done", &self.on_done.is_some())
             .field("delay_confirm", &self.delay_confirm)
             .field("delay_nack", &self.delay_nack)
+            .field("confirm_queue", &self.confirm_queue)
             .field("wall_clock_offset_ms", &self.wall_clock_offset_ms)
             .finish()
     }

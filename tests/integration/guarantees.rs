@@ -402,6 +402,57 @@ async fn shutdown_confirms_what_finished_and_releases_what_still_runs() {
     env.mock.release();
 }
 
+/// Shutdown after the grace period while finished executions wait for room
+/// in the confirm queue (a slow confirm holds one, the queue another): the
+/// one that found no room is released for a retry, as a running one is,
+/// and the two queued are confirmed. None is left running until its lease
+/// ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_what_waits_for_room_in_the_confirm_queue() {
+    let mut env = Env::new().await;
+    env.config.worker.shutdown_grace_ms = 300;
+    let hooks = idem_host::hooks::Hooks {
+        delay_confirm: Some(Duration::from_secs(3)),
+        confirm_queue: Some(1),
+        ..Default::default()
+    };
+    let pool = start_hooked(&env, hooks).await;
+    let users = ["u-room-1", "u-room-2", "u-room-3"];
+    let grants: Vec<_> = users
+        .iter()
+        .map(|u| envelope(&format!("g-{u}"), "grant-credits", json!({ "user": u, "balance": 3 })))
+        .collect();
+    pool.backends.broker.publish(&grants, Duration::ZERO).await.unwrap();
+    let data = pool.backends.data.clone();
+    wait_until(Duration::from_secs(30), "the three upserts committed", || {
+        let data = data.clone();
+        async move {
+            for u in users {
+                if data.get("credits", u).await.unwrap().is_none() {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    let (backends, counters) = (pool.backends.clone(), pool.counters.clone());
+    pool.stop().await.unwrap();
+    let mut states = Vec::new();
+    for u in users {
+        let state = backends.admin.state("grant-credits", &format!("g-{u}")).await.unwrap();
+        states.push(state.map(|s| s.as_str()));
+    }
+    states.sort();
+    assert_eq!(
+        states,
+        [Some("done"), Some("done"), Some("retry")],
+        "two confirmed, the third released"
+    );
+    let c = counters.snapshot();
+    assert_eq!((c.done, c.fence_rejections), (2, 0), "{c:?}");
+}
+
 /// G3 and G5 with clocks that disagree. Worker B's wall clock runs two
 /// leases ahead of A's; A's handler is held inside its charge until B has
 /// been told the key is busy and A's heartbeat has carried its lease past

@@ -33,7 +33,7 @@ pub(super) struct AwaitingConfirm {
     pub hook: bool,
     /// Keeps the lease extended until the confirm: a finished execution
     /// waiting for its batch is never taken for a crashed one.
-    pub _held: Option<super::heartbeat::Registered>,
+    pub held: Option<super::heartbeat::Registered>,
 }
 
 /// The queue of executions waiting for their confirm.
@@ -43,9 +43,10 @@ pub(super) struct ConfirmQueue {
 }
 
 impl ConfirmQueue {
-    /// Room for every slot's result several times over, plus a batch.
-    pub(super) fn new(concurrency: usize) -> Self {
-        let (tx, rx) = tokio::sync::mpsc::channel(concurrency * 4 + CONFIRM_BATCH);
+    /// Room for `capacity` executions (the worker gives every slot's result
+    /// several times over, plus a batch).
+    pub(super) fn new(capacity: usize) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
         ConfirmQueue {
             tx,
             rx: std::sync::Mutex::new(Some(rx)),
@@ -54,12 +55,21 @@ impl ConfirmQueue {
 }
 
 impl Worker {
-    /// Queue a successful execution for the batched confirm.
+    /// Queue a successful execution for the batched confirm, once the queue
+    /// has room. It is marked finished and queued in one step, with no
+    /// await between: a shutdown's grace period ending meanwhile finds it
+    /// either still running (and releases it; it is not queued) or queued
+    /// (and the confirm task's flush confirms it).
     pub(super) async fn await_confirm(&self, waiting: AwaitingConfirm) {
-        if let Err(unsent) = self.confirms.tx.send(waiting).await {
+        match self.confirms.tx.reserve().await {
+            Ok(room) => {
+                if waiting.held.as_ref().is_none_or(|h| h.finished()) {
+                    room.send(waiting);
+                }
+            }
             // The confirm task is gone (cannot happen while `run` runs):
             // confirm this one on its own.
-            self.confirm_batch(vec![unsent.0]).await;
+            Err(_) => self.confirm_batch(vec![waiting]).await,
         }
     }
 

@@ -29,6 +29,9 @@ struct Running {
 pub(super) struct InFlight {
     running: Mutex<HashMap<u64, Running>>,
     next_id: AtomicU64,
+    /// Set (under `running`'s lock) when a shutdown has taken the
+    /// executions it releases: none is marked finished after that.
+    closed: AtomicBool,
 }
 
 impl InFlight {
@@ -58,11 +61,15 @@ impl InFlight {
         self.lock().len()
     }
 
-    /// The claims and receipts held now by executions whose handler has
-    /// not finished (those waiting for their confirm are left to it).
-    pub(super) fn claims_and_receipts(&self) -> Vec<(ClaimRef, String)> {
-        self.lock()
-            .values()
+    /// At the end of a shutdown's grace period: the claims and receipts held
+    /// now by executions not marked finished (those are queued for their
+    /// confirm and left to it). From here on no execution is marked
+    /// finished, so every execution is either in this list (released by the
+    /// shutdown) or queued for its confirm, never both and never neither.
+    pub(super) fn close(&self) -> Vec<(ClaimRef, String)> {
+        let map = self.lock();
+        self.closed.store(true, Ordering::Relaxed);
+        map.values()
             .filter(|r| !r.finished)
             .map(|r| (r.claim.clone(), r.receipt.clone()))
             .collect()
@@ -80,13 +87,20 @@ pub(super) struct Registered {
 }
 
 impl Registered {
-    /// The handler returned ok and the execution waits for its confirm: its
-    /// lease is still extended, but a shutdown leaves it to the confirm
-    /// instead of releasing it for a retry.
-    pub(super) fn finished(&self) {
-        if let Some(r) = self.registry.lock().get_mut(&self.id) {
+    /// The handler returned ok and the execution is about to be queued for
+    /// its confirm: its lease is still extended, but a shutdown leaves it to
+    /// the confirm instead of releasing it for a retry. False once a
+    /// shutdown has taken the executions it releases ([`InFlight::close`]):
+    /// this one is among them and must not be queued.
+    pub(super) fn finished(&self) -> bool {
+        let mut map = self.registry.lock();
+        if self.registry.closed.load(Ordering::Relaxed) {
+            return false;
+        }
+        if let Some(r) = map.get_mut(&self.id) {
             r.finished = true;
         }
+        true
     }
 }
 
@@ -175,11 +189,28 @@ mod tests {
             panic!("the handler task panicked");
         }));
         assert!(outcome.is_err());
-        assert_eq!(registry.claims_and_receipts(), vec![(claim("a"), "r-a".to_string())]);
-        a.finished();
-        assert_eq!(registry.len(), 1, "a finished execution keeps its lease extended");
-        assert!(registry.claims_and_receipts().is_empty(), "and is left to its confirm");
+        assert_eq!(registry.len(), 1, "the panicked task's claim left the registry");
         drop(a);
+        assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn a_shutdown_releases_exactly_the_executions_not_queued_for_their_confirm() {
+        let registry = Arc::new(InFlight::default());
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let (done, running) = (
+            registry.register(&claim("done"), "r-done", &interrupt),
+            registry.register(&claim("running"), "r-running", &interrupt),
+        );
+        assert!(done.finished(), "before the shutdown, a finished execution may be queued");
+        assert_eq!(registry.len(), 2, "a finished execution keeps its lease extended");
+        assert_eq!(
+            registry.close(),
+            vec![(claim("running"), "r-running".to_string())],
+            "the finished one is left to its confirm"
+        );
+        assert!(!running.finished(), "after it, one the shutdown releases is not queued too");
+        drop((done, running));
         assert_eq!(registry.len(), 0);
     }
 }

@@ -112,7 +112,7 @@ impl Worker {
     /// A worker over these backends and loaded plugins.
     pub fn new(backends: Backends, runtime: Arc<Runtime>, caps: Arc<Capabilities>, options: WorkerOptions) -> Arc<Self> {
         let counters = caps.counters.clone();
-        let confirms = ConfirmQueue::new(options.concurrency);
+        let confirms = ConfirmQueue::new(caps.hooks.confirm_queue.unwrap_or(options.concurrency * 4 + confirm::CONFIRM_BATCH));
         Arc::new(Worker {
             backends,
             runtime,
@@ -237,7 +237,7 @@ impl Worker {
     /// whose handler finished and that wait for their batched confirm are
     /// left to it (the confirm task flushes after this).
     async fn stop_running(&self, tasks: &mut tokio::task::JoinSet<()>) {
-        let running = self.in_flight.claims_and_receipts();
+        let running = self.in_flight.close();
         tracing::warn!(
             running = tasks.len(),
             grace_ms = self.options.shutdown_grace.as_millis() as u64,

@@ -113,9 +113,6 @@ impl Worker {
             rand::random::<f64>(),
         ) {
             Settlement::Confirm(result) => {
-                if let Some(held) = &a.held {
-                    held.finished();
-                }
                 let hook = self.caps.hooks.on_done.is_some();
                 let k = a.candidate;
                 let waiting = AwaitingConfirm {
@@ -124,7 +121,7 @@ impl Worker {
                     envelope: k.envelope,
                     result,
                     hook,
-                    _held: a.held,
+                    held: a.held,
                 };
                 self.await_confirm(waiting).await;
             }
