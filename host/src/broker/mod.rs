@@ -42,6 +42,19 @@ use async_trait::async_trait;
 
 use crate::envelope::{Delivery, Envelope};
 
+/// When a message delayed by `delay` at `now` (a wall-clock reading in whole
+/// milliseconds) is due: never before the delay has passed. A reading is up
+/// to a millisecond behind the true time and a consumer takes what is due
+/// at its own reading, so the delay is rounded up to whole milliseconds and
+/// one more is added; no delay is due at once.
+pub(crate) fn due_at(now: i64, delay: Duration) -> i64 {
+    if delay.is_zero() {
+        return now;
+    }
+    now.saturating_add(i64::try_from(delay.as_micros().div_ceil(1_000)).unwrap_or(i64::MAX))
+        .saturating_add(1)
+}
+
 /// Broker failures.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -192,4 +205,22 @@ pub enum Verdict<'a> {
     /// Its first settling answered already, unless the worker died before
     /// it could.
     Duplicate { failed: bool, result: Option<&'a [u8]> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delayed_message_is_never_due_before_its_delay() {
+        assert_eq!(due_at(1_000, Duration::ZERO), 1_000, "no delay: due at once");
+        // A reading of 1,000 may be taken at 1,000.9: 50 ms later is 1,050.9.
+        assert_eq!(due_at(1_000, Duration::from_millis(50)), 1_051);
+        assert_eq!(
+            due_at(1_000, Duration::from_micros(1_500)),
+            1_003,
+            "part of a millisecond rounds up"
+        );
+        assert_eq!(due_at(i64::MAX - 5, Duration::from_secs(10)), i64::MAX);
+    }
 }

@@ -35,6 +35,7 @@ fn parse_receipt(receipt: &str) -> Result<(i64, &str), BrokerError> {
 impl Broker for SqliteBroker {
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
         let now = now_ms();
+        let visible_at = super::due_at(now, delay);
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         for e in envelopes {
             let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "[]".into());
@@ -43,7 +44,7 @@ impl Broker for SqliteBroker {
                 .bind(&e.handler)
                 .bind(headers)
                 .bind(&e.payload)
-                .bind(now + delay.as_millis() as i64)
+                .bind(visible_at)
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
@@ -103,7 +104,7 @@ impl Broker for SqliteBroker {
         sqlx::query(include_str!("../../queries/sqlite/queue_nack.sql"))
             .bind(id)
             .bind(token)
-            .bind(now_ms() + delay.as_millis() as i64)
+            .bind(super::due_at(now_ms(), delay))
             .execute(&self.pool)
             .await?;
         Ok(())

@@ -152,7 +152,7 @@ impl Transport for RedisLists {
     }
 
     async fn publish(&self, messages: &[Message], delay: Duration) -> Result<(), BrokerError> {
-        let due = now_ms() + delay.as_millis() as i64;
+        let due = crate::broker::due_at(now_ms(), delay);
         let mut pipe = redis::pipe();
         pipe.atomic();
         for m in messages {

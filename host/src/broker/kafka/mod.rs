@@ -348,7 +348,7 @@ impl Broker for KafkaBroker {
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
         let producer = self.producer().await?;
         let topic = &self.options.topics[0];
-        let not_before = (!delay.is_zero()).then(|| crate::now_ms() + delay.as_millis() as i64);
+        let not_before = (!delay.is_zero()).then(|| crate::broker::due_at(crate::now_ms(), delay));
         let mut sends = Vec::with_capacity(envelopes.len());
         for e in envelopes {
             let headers = wire::headers(e, not_before)?;
@@ -437,7 +437,7 @@ impl Broker for KafkaBroker {
     }
 
     async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
-        let at = crate::now_ms() + delay.as_millis() as i64;
+        let at = crate::broker::due_at(crate::now_ms(), delay);
         if let Err(e) = self.shared.track().give_back(receipt, at) {
             tracing::debug!(receipt, ?e, "kafka: nack of a delivery no longer ours: its next owner runs it");
         }

@@ -97,7 +97,7 @@ impl Broker for NatsBroker {
     /// is accepted only once the stream has stored it. A `delay` is carried
     /// as `Idem-Not-Before` and honoured at fetch time.
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
-        let not_before = (!delay.is_zero()).then(|| now_ms() + delay.as_millis() as i64);
+        let not_before = (!delay.is_zero()).then(|| crate::broker::due_at(now_ms(), delay));
         for chunk in envelopes.chunks(PUBLISH_CHUNK) {
             let mut acks = Vec::with_capacity(chunk.len());
             for e in chunk {

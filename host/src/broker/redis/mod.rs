@@ -106,7 +106,7 @@ impl Broker for RedisBroker {
         // MULTI/EXEC: a batch is queued whole or not at all.
         let mut pipe = redis::pipe();
         pipe.atomic();
-        let due = now_ms() + delay.as_millis() as i64;
+        let due = crate::broker::due_at(now_ms(), delay);
         for e in envelopes {
             let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "[]".into());
             if delay.is_zero() {
@@ -194,7 +194,7 @@ impl Broker for RedisBroker {
             .arg(&self.consumer)
             .arg(id)
             .arg(count)
-            .arg(now + delay.as_millis() as i64)
+            .arg(crate::broker::due_at(now, delay))
             .arg(now);
         let mut pipe = redis::pipe();
         pipe.invoke_script(&nack);

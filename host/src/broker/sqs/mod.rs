@@ -287,7 +287,7 @@ impl SqsBroker {
     /// The batch entry publishing `e`, with a dedupe id (FIFO) of `dedupe`.
     fn entry(&self, e: &Envelope, delay: Duration, dedupe: &str) -> Result<(String, SendMessageBatchRequestEntryBuilder), BrokerError> {
         let delay_secs = delay.as_millis().div_ceil(1000) as u64;
-        let not_before = (!delay.is_zero() && (self.fifo || delay_secs > MAX_DELAY_SECS)).then(|| now_ms() + delay.as_millis() as i64);
+        let not_before = (!delay.is_zero() && (self.fifo || delay_secs > MAX_DELAY_SECS)).then(|| crate::broker::due_at(now_ms(), delay));
         let mut b = SendMessageBatchRequestEntry::builder()
             .message_body(wire::body(&e.payload))
             .set_message_attributes(Some(wire::attributes(e, not_before)?));
