@@ -1,5 +1,7 @@
 -- Mark running claims done, each only if its fence is current, storing the
--- handler's result with it.
+-- handler's result with it. A claim already done with that fence is
+-- answered confirmed and left as it is (a confirm repeated after its answer
+-- was lost: only the holder of a fence confirms with it).
 -- KEYS[1]   hash of claim counts by state
 -- KEYS[1+i] claim hash
 -- KEYS[#KEYS] sorted set of settled claims by time (retention)
@@ -18,6 +20,8 @@ for i = 2, #KEYS - 1 do
     redis.call('HSET', KEYS[i], 'state', 'done', 'owner', '', 'lease_until', 0, 'last_error', '', 'updated_at', ARGV[1], 'result', result)
     index[#index + 1] = ARGV[1]
     index[#index + 1] = KEYS[i]
+    out[i - 1] = 1
+  elseif c[1] and tonumber(c[1]) == tonumber(fence) and c[2] == 'done' then
     out[i - 1] = 1
   else
     out[i - 1] = 0

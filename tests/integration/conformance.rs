@@ -320,13 +320,24 @@ pub async fn results_conformance(b: &Backends) {
     };
     let confirmed = claims
         .confirm_with_results(
-            &[refs[0].clone(), refs[1].clone(), stale, refs[3].clone()],
+            &[refs[0].clone(), refs[1].clone(), stale.clone(), refs[3].clone()],
             &[Some(&b"{\"n\":1}"[..]), Some(&b""[..]), Some(&b"x"[..]), None],
             t0 + 10,
         )
         .await
         .unwrap();
     assert_eq!(confirmed, vec![true, true, false, true]);
+    // The same confirms again, as after a commit whose answer was lost: the
+    // claims done with these fences answer confirmed, and keep their results.
+    let again = claims
+        .confirm_with_results(
+            &[refs[0].clone(), refs[1].clone(), stale.clone(), refs[3].clone()],
+            &[Some(&b"other"[..]), None, Some(&b"x"[..]), Some(&b"other"[..])],
+            t0 + 15,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, vec![true, true, false, true], "a repeated confirm is answered as the first");
     assert_eq!(
         claims.results(&all).await.unwrap(),
         vec![Some(b"{\"n\":1}".to_vec()), Some(Vec::new()), None, None, None]

@@ -62,8 +62,10 @@ async fn stored(s: &Served, keys: &[&str]) -> Vec<Option<Vec<u8>>> {
 /// The statements themselves: a batch of upserts with confirms (one
 /// statement), a batch of every kind with confirms (one more statement in
 /// its transaction), confirms alone, and a batch whose transaction fails as
-/// a whole. A stale fence or a claim already done is refused, the others
-/// are confirmed with their results.
+/// a whole. A stale fence is refused, the others are confirmed with their
+/// results; a confirm repeated (a claim already done with that fence, as
+/// after a commit whose answer was lost) is answered confirmed again and
+/// leaves the claim as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirms_commit_in_the_write_batch_and_check_each_fence() {
     let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
@@ -103,11 +105,11 @@ async fn confirms_commit_in_the_write_batch_and_check_each_fence() {
         written.iter().map(|w| w.as_ref().ok().cloned()).collect::<Vec<_>>(),
         vec![Some(Written::Inserted(Inserted::Inserted)), Some(Written::Deleted(true))]
     );
-    assert_eq!(confirmed, vec![true, false], "j4 confirmed; j1 is already done");
+    assert_eq!(confirmed, vec![true, true], "j4 confirmed; j1 was already done with that fence");
     assert_eq!(
         stored(&s, &["j1", "j4"]).await,
         vec![Some(b"r1".to_vec()), Some(b"r4".to_vec())],
-        "a refused confirm leaves the stored result alone"
+        "a repeated confirm leaves the stored result alone"
     );
 
     let (written, confirmed) = data
@@ -118,19 +120,33 @@ async fn confirms_commit_in_the_write_batch_and_check_each_fence() {
     assert_eq!(confirmed, vec![true]);
     assert_eq!(stored(&s, &["j2"]).await, vec![Some(b"r2".to_vec())]);
 
+    // Repeated and stale confirms in the upsert statement: j4 is done with
+    // fence 1 (answered confirmed), j2 with fence 2 (fence 1 refused).
+    let (written, confirmed) = data
+        .write_batch_confirming(
+            &[write("j3", "d", up(b"3"))],
+            &[confirm("j4", 1, b"again"), confirm("j2", 1, b"stale")],
+            2_000_003,
+        )
+        .await
+        .unwrap();
+    assert_eq!(written[0].as_ref().ok(), Some(&Written::Upserted), "{written:?}");
+    assert_eq!(confirmed, vec![true, false]);
+    assert_eq!(stored(&s, &["j2", "j4"]).await, vec![Some(b"r2".to_vec()), Some(b"r4".to_vec())]);
+
     // A batch whose transaction fails as a whole (a key Postgres text
     // cannot hold): the confirms on their own, the writes item by item.
     let (written, confirmed) = data
         .write_and_confirm(
             &[write("j3", "bad\0key", up(b"x")), write("j3", "fine", up(b"y"))],
-            vec![confirm("j5", 1, b"r5"), confirm("j1", 1, b"again")],
-            2_000_003,
+            vec![confirm("j5", 1, b"r5"), confirm("j1", 1, b"again"), confirm("j2", 1, b"stale")],
+            2_000_004,
         )
         .await;
     assert!(matches!(written[0], Err(DataError::Unavailable(_))), "{written:?}");
     assert_eq!(written[1].as_ref().ok(), Some(&Written::Upserted), "{written:?}");
-    assert_eq!(confirmed.unwrap(), vec![true, false]);
-    assert_eq!(stored(&s, &["j5"]).await, vec![Some(b"r5".to_vec())]);
+    assert_eq!(confirmed.unwrap(), vec![true, true, false]);
+    assert_eq!(stored(&s, &["j1", "j5"]).await, vec![Some(b"r1".to_vec()), Some(b"r5".to_vec())]);
     s.cleanup().await;
 }
 

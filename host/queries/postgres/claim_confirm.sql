@@ -1,4 +1,6 @@
--- Batch: arrays of plugin, key, fence, result. Answers the claims (with their fence) confirmed.
+-- Batch: arrays of plugin, key, fence, result. Answers the claims (with their fence) confirmed:
+-- marked done now, or already done with that fence (a confirm repeated after a commit whose
+-- answer was lost: only the holder of a fence confirms with it).
 -- $1 plugins, $2 keys, $3 fences, $4 now, $5 results (NULL: the handler returned none)
 -- The rows are locked first, in the one order (claims_locked.sql).
 WITH r AS (
@@ -9,8 +11,21 @@ lock_keys (plugin, key) AS (
 ),
 locked AS (
     -- claims_locked.sql
+),
+confirmed AS (
+    UPDATE claims c SET state = 'done', owner = NULL, lease_until = 0, last_error = NULL, updated_at = $4, result = r.result
+    FROM r JOIN locked l ON l.plugin = r.plugin AND l.key = r.key
+    WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'running'
+    RETURNING c.plugin, c.key, c.fence
 )
-UPDATE claims c SET state = 'done', owner = NULL, lease_until = 0, last_error = NULL, updated_at = $4, result = r.result
-FROM r JOIN locked l ON l.plugin = r.plugin AND l.key = r.key
-WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'running'
-RETURNING c.plugin, c.key, c.fence
+SELECT plugin, key, fence FROM confirmed
+UNION ALL
+-- Done before this statement (its snapshot does not see the rows just confirmed as done);
+-- one primary-key look-up per claim (`LIMIT` keeps the planner from turning it into a scan
+-- of the settled claims).
+SELECT done.plugin, done.key, done.fence FROM r
+CROSS JOIN LATERAL (
+    SELECT c.plugin, c.key, c.fence FROM claims c
+    WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'done'
+    LIMIT 1
+) AS done

@@ -9,7 +9,8 @@
 -- order; rows are written in key order so concurrent batches lock them in
 -- the same order. A confirm (as in
 -- claim_confirm.sql) marks its claim done only if it is running with that
--- fence. A stale write and the current holder's confirm of one claim may
+-- fence, and is answered confirmed also when its claim was already done
+-- with that fence (repeated after a commit whose answer was lost). A stale write and the current holder's confirm of one claim may
 -- share a batch: the write is refused, the confirm holds.
 -- $1 plugins, $2 claim keys, $3 fences, $4 collections, $5 keys, $6 values, $7 now,
 -- $8 confirm plugins, $9 confirm keys, $10 confirm fences, $11 confirm results, $12 confirm now
@@ -49,3 +50,13 @@ confirmed AS (
 SELECT idx, false AS confirm FROM held
 UNION ALL
 SELECT idx, true FROM confirmed
+UNION ALL
+-- Done before this statement (its snapshot does not see the rows just
+-- confirmed as done); one primary-key look-up per confirm (`LIMIT` keeps the
+-- planner from turning it into a scan of the settled claims).
+SELECT r.idx, true FROM confirms r
+CROSS JOIN LATERAL (
+    SELECT 1 FROM claims c
+    WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'done'
+    LIMIT 1
+) AS done

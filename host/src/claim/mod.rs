@@ -178,6 +178,9 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Extend the leases of running claims; `false` where the fence is stale.
     async fn extend(&self, claims: &[ClaimRef], lease_ms: i64, now: i64) -> Result<Vec<bool>, ClaimError>;
     /// Mark claims done; `false` where the fence is stale (do not ack then).
+    /// A claim already done with that fence is answered `true` and left as
+    /// it is: only the holder of a fence confirms with it, so this is the
+    /// same confirm repeated (after a commit whose answer was lost).
     async fn confirm(&self, claims: &[ClaimRef], now: i64) -> Result<Vec<bool>, ClaimError> {
         self.confirm_with_results(claims, &vec![None; claims.len()], now).await
     }

@@ -231,7 +231,15 @@ impl ClaimStore for SqliteClaims {
                 .bind(*result)
                 .execute(&mut *tx)
                 .await?;
-            out.push(r.rows_affected() == 1);
+            let confirmed = r.rows_affected() == 1
+                || sqlx::query(include_str!("../../queries/sqlite/claim_confirmed.sql"))
+                    .bind(&c.plugin)
+                    .bind(&c.key)
+                    .bind(c.fence)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .is_some();
+            out.push(confirmed);
         }
         tx.commit().await?;
         Ok(out)
