@@ -241,3 +241,53 @@ async fn claim_store_outage_with_run_unguarded_runs_only_endpoint_free_plugins()
     pool.stop().await.unwrap();
     crate::pool::cleanup(&config).await;
 }
+
+/// A message running unguarded (claim store down, `run-unguarded`) when
+/// the shutdown grace period ends is handed back to the broker, as one
+/// running under a claim is: another consumer receives it at once, not
+/// after the visibility timeout (a minute here) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_hands_back_a_delivery_running_unguarded() {
+    use idem_host::config::{LimitsOverride, OutagePolicy};
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
+    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
+    let mut config = own_claims_config(dir.path(), &mock, &own);
+    config.worker.outage_policy = OutagePolicy::RunUnguarded;
+    config.worker.shutdown_grace_ms = 300;
+    config.worker.visibility_ms = 60_000;
+    // The hostile plugin (no endpoints, so it may run unguarded) spins in a
+    // loop its limits let run for minutes.
+    let mut hostile = plugin("hostile.wasm", &["hostile"], &[], None);
+    hostile.limits = Some(LimitsOverride {
+        cpu_ms: Some(300_000),
+        timeout_ms: Some(300_000),
+        ..Default::default()
+    });
+    config.plugins.insert("hostile".into(), hostile);
+    let pool = Pool::start(&config).await.unwrap();
+    own.kill();
+
+    let spin = envelope("spin-unguarded", "hostile", json!({ "mode": "loop" }));
+    pool.backends.broker.publish(&[spin], Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(30), "the message to run unguarded", || async {
+        pool.counters.snapshot().outage_decisions >= 1
+    })
+    .await;
+    let broker = pool.backends.broker.clone();
+    pool.stop().await.unwrap();
+    let again = wait_for(Duration::from_secs(10), "the delivery to be handed back", || {
+        let broker = broker.clone();
+        async move {
+            let got = broker.fetch(10, Duration::from_secs(60)).await.unwrap();
+            (!got.is_empty()).then_some(got)
+        }
+    })
+    .await;
+    let ids: Vec<&str> = again.iter().map(|d| d.envelope.id.as_str()).collect();
+    assert_eq!(ids, ["spin-unguarded"]);
+    let refs: Vec<&str> = again.iter().map(|d| d.receipt.as_str()).collect();
+    broker.ack(&refs).await.unwrap();
+    crate::pool::cleanup(&config).await;
+}

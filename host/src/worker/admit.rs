@@ -48,9 +48,10 @@ pub(super) struct Admission {
     pub attempt: u32,
     /// Traps so far.
     pub traps: u32,
-    /// Keeps the claim's lease and the delivery's visibility extended from
-    /// the claim until the settlement; `None` when unguarded.
-    pub held: Option<Registered>,
+    /// Keeps the claim's lease (if any) and the delivery's visibility
+    /// extended from the admission until the settlement, and lets a
+    /// shutdown hand the delivery back.
+    pub held: Registered,
     /// Set by the heartbeat if the claim is lost: the instance stops.
     pub interrupt: Arc<AtomicBool>,
 }
@@ -222,7 +223,7 @@ impl Worker {
                     // acking and nacking the rest of the batch may take a
                     // while (a slow broker nack, a busy duplicate's delay).
                     let interrupt = Arc::new(AtomicBool::new(false));
-                    let held = Some(self.in_flight.register(&claim, &k.receipt, &interrupt));
+                    let held = self.in_flight.register(Some(&claim), &k.receipt, &interrupt);
                     run.push(Admission {
                         candidate: k,
                         claim: Some(claim),
@@ -375,13 +376,17 @@ impl Worker {
             if runs_unguarded(self.options.outage_policy, &k.plugin) {
                 tracing::warn!(error = %error, msg_id = %k.envelope.id, "claim store unreachable: running unguarded (outage_policy = run-unguarded)");
                 let attempt = k.delivery_count.max(1);
+                // No lease to extend, but the delivery's visibility is, and
+                // a shutdown hands it back.
+                let interrupt = Arc::new(AtomicBool::new(false));
+                let held = self.in_flight.register(None, &k.receipt, &interrupt);
                 run.push(Admission {
                     candidate: k,
                     claim: None,
                     attempt,
                     traps: 0,
-                    held: None,
-                    interrupt: Arc::default(),
+                    held,
+                    interrupt,
                 });
             } else {
                 tracing::warn!(error = %error, msg_id = %k.envelope.id, "claim store unreachable: leaving the delivery unacked (outage_policy = reject)");

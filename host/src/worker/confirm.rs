@@ -33,7 +33,7 @@ pub(super) struct AwaitingConfirm {
     pub hook: bool,
     /// Keeps the lease extended until the confirm: a finished execution
     /// waiting for its batch is never taken for a crashed one.
-    pub held: Option<super::heartbeat::Registered>,
+    pub held: super::heartbeat::Registered,
 }
 
 /// The queue of executions waiting for their confirm.
@@ -63,7 +63,7 @@ impl Worker {
     pub(super) async fn await_confirm(&self, waiting: AwaitingConfirm) {
         match self.confirms.tx.reserve().await {
             Ok(room) => {
-                if waiting.held.as_ref().is_none_or(|h| h.finished()) {
+                if waiting.held.finished() {
                     room.send(waiting);
                 }
             }

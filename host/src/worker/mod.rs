@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backends;
 use crate::capabilities::Capabilities;
+use crate::claim::ClaimRef;
 use crate::config::{Config, OutagePolicy, RetryConfig};
 use crate::runtime::Runtime;
 use crate::stats::Counters;
@@ -232,10 +233,11 @@ impl Worker {
 
     /// The grace period is over: stop the handlers still running, release
     /// their claims (a retry is due at once) and hand their deliveries back
-    /// for redelivery. Nothing is acked, so nothing is lost; a handler
-    /// stopped half-way left only fenced, repeat-safe effects. Executions
-    /// whose handler finished and that wait for their batched confirm are
-    /// left to it (the confirm task flushes after this).
+    /// for redelivery, those running unguarded (no claim) included. Nothing
+    /// is acked, so nothing is lost; a handler stopped half-way left only
+    /// fenced, repeat-safe effects. Executions whose handler finished and
+    /// that wait for their batched confirm are left to it (the confirm
+    /// task flushes after this).
     async fn stop_running(&self, tasks: &mut tokio::task::JoinSet<()>) {
         let running = self.in_flight.close();
         tracing::warn!(
@@ -247,19 +249,27 @@ impl Worker {
         while tasks.join_next().await.is_some() {}
         let now = self.backends.clock.now_ms();
         for (claim, receipt) in running {
-            match self
-                .backends
-                .claims
-                .release(&claim, now, "the worker shut down before the handler finished", false, now)
-                .await
-            {
-                Ok(true) => tracing::info!(plugin = %claim.plugin, key = %claim.key, "claim released for redelivery"),
-                Ok(false) => tracing::info!(plugin = %claim.plugin, key = %claim.key, "claim already settled or taken over"),
-                Err(e) => {
-                    tracing::warn!(error = %e, plugin = %claim.plugin, key = %claim.key, "cannot release the claim; it expires with its lease")
-                }
+            if let Some(claim) = claim {
+                self.release_at_shutdown(&claim, now).await;
             }
             self.nack(&receipt, Duration::ZERO).await;
+        }
+    }
+
+    /// Release a claim whose handler the shutdown stopped: a retry is due
+    /// at once.
+    async fn release_at_shutdown(&self, claim: &ClaimRef, now: i64) {
+        match self
+            .backends
+            .claims
+            .release(claim, now, "the worker shut down before the handler finished", false, now)
+            .await
+        {
+            Ok(true) => tracing::info!(plugin = %claim.plugin, key = %claim.key, "claim released for redelivery"),
+            Ok(false) => tracing::info!(plugin = %claim.plugin, key = %claim.key, "claim already settled or taken over"),
+            Err(e) => {
+                tracing::warn!(error = %e, plugin = %claim.plugin, key = %claim.key, "cannot release the claim; it expires with its lease")
+            }
         }
     }
 }

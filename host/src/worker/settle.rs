@@ -79,7 +79,11 @@ impl Worker {
     pub(super) async fn settle(&self, a: Admission, outcome: Outcome) {
         let c = &self.counters;
         let Some(claim) = a.claim.clone() else {
-            // Unguarded run (claim store down): ack only a success.
+            // Unguarded run (claim store down): ack only a success, unless
+            // a shutdown has taken the delivery to hand back.
+            if !a.held.finished() {
+                return;
+            }
             match outcome {
                 Outcome::Done(result) => {
                     Counters::inc(&c.done);
