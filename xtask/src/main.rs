@@ -1,13 +1,16 @@
 //! Developer commands: `cargo xtask demo [-- ARGS]`, `cargo xtask test`,
 //! `cargo xtask chaos [-- ARGS]`, `cargo xtask plugins`, `cargo xtask build`,
-//! `cargo xtask lint`,
+//! `cargo xtask lint` (formatting and clippy alone, in check mode),
 //! `cargo xtask chart IN.json OUT.png` (the benchmark chart).
 //!
 //! Each sets up what it needs on a fresh machine: the `wasm32-wasip2`
 //! target, the plugin components, the host binary, and (for `test`) the
 //! services of `scripts/services.sh`. Everything built lands
 //! in `target/`: plugins in `target/plugins/wasm32-wasip2/plugin/`, the host
-//! in `target/release/`, one build shared by the demo and the tests.
+//! in `target/release/`, the dependencies built once for the demo and the
+//! tests. `test` lints as it builds: the workspace's own crates go through
+//! clippy with warnings denied (after a demo, it recompiles those crates,
+//! not the dependencies).
 
 mod chart;
 mod guests;
@@ -18,6 +21,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 const WASM_TARGET: &str = "wasm32-wasip2";
+/// The cargo-fuzz `cargo xtask fuzz` installs under `target/tools`.
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 fn main() {
     if let Err(e) = try_main() {
@@ -71,13 +76,25 @@ fn try_main() -> Result<()> {
             // NATS, an SQS server and a Kafka server: check each answers,
             // start (or install) what does not.
             run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
-            let plugins = build_plugins(&root)?;
+            // The suite includes the lints: formatting first (seconds), then
+            // every build below compiles the workspace's crates through
+            // clippy with warnings denied, so linting costs no second
+            // compilation of the dependencies.
+            cargo(&["fmt", "--all", "--check"])?;
+            let lint = Lint::Deny;
+            let plugins = build_plugins_linted(&root, true, lint)?;
+            let mut build = Command::new("cargo");
+            build
+                .args(["build", "--release", "--workspace", "--exclude", "xtask", "--all-targets"])
+                .args(plugin_excludes(&root)?);
+            run(lint.apply(&mut build)?)?;
             let mut cmd = Command::new("cargo");
             cmd.args(["test", "--release", "--workspace", "--exclude", "xtask"])
                 .args(plugin_excludes(&root)?)
                 .env("IDEM_PLUGIN_DIR", &plugins)
                 .args(&rest);
-            run(local_aws_credentials(&mut cmd))?;
+            run(local_aws_credentials(lint.apply(&mut cmd)?))?;
+            cargo(&["clippy", "-p", "xtask", "--", "-D", "warnings"])?;
             // A CI-sized chaos run per example deployment, on the binary the
             // tests just built. Fixed seeds keep CI reproducible; run
             // `cargo xtask chaos -- --config FILE` for new seeds.
@@ -186,13 +203,19 @@ fn fuzz(root: &Path, rest: &[String]) -> Result<()> {
     if let Some(unknown) = targets.iter().find(|t| !["envelope", "claims"].contains(t)) {
         bail!("no fuzz target {unknown:?}: the targets are envelope and claims");
     }
-    let installed = Command::new("cargo")
+    // cargo-fuzz, pinned and installed under target/tools like the other
+    // tools the project's scripts fetch; run as `cargo-fuzz fuzz …`, the
+    // way cargo runs a subcommand.
+    let tool_root = root.join("target/tools/cargo-fuzz");
+    let cargo_fuzz = tool_root.join("bin/cargo-fuzz");
+    let installed = Command::new(&cargo_fuzz)
         .args(["fuzz", "--version"])
         .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(CARGO_FUZZ_VERSION));
     if !installed {
-        run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))?;
+        run(Command::new("cargo")
+            .args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ_VERSION, "--root"])
+            .arg(&tool_root))?;
     }
     let fuzz_dir = root.join("fuzz");
     let target_dir = root.join("target/fuzz");
@@ -202,7 +225,7 @@ fn fuzz(root: &Path, rest: &[String]) -> Result<()> {
         &[]
     };
     // Every target the features allow (`claims` needs its feature).
-    run(Command::new("cargo")
+    run(Command::new(&cargo_fuzz)
         .args(["fuzz", "build", "-O", "--target-dir"])
         .arg(&target_dir)
         .args(features)
@@ -211,7 +234,7 @@ fn fuzz(root: &Path, rest: &[String]) -> Result<()> {
     for target in &targets {
         let corpus = target_dir.join("corpus").join(target);
         std::fs::create_dir_all(&corpus)?;
-        run(Command::new("cargo")
+        run(Command::new(&cargo_fuzz)
             .args(["fuzz", "run", "-O", "--target-dir"])
             .arg(&target_dir)
             .args(features)
@@ -308,6 +331,44 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
 
 /// [`build_plugins`], with or without the Python and JavaScript ones.
 fn build_plugins_with(root: &Path, guests: bool) -> Result<PathBuf> {
+    build_plugins_linted(root, guests, Lint::Off)
+}
+
+/// How the workspace's own crates are compiled.
+#[derive(Clone, Copy)]
+enum Lint {
+    /// By rustc, as `cargo build` does.
+    Off,
+    /// Through clippy, as cargo's workspace wrapper, with warnings denied:
+    /// the build is also the lint pass of `cargo clippy -- -D warnings`.
+    /// Dependencies are compiled as in a plain build (the wrapper applies
+    /// to workspace members only), so no second, check-mode compilation of
+    /// them is needed, as `cargo clippy` would make.
+    Deny,
+}
+
+impl Lint {
+    fn apply(self, cmd: &mut Command) -> Result<&mut Command> {
+        if let Lint::Deny = self {
+            // clippy-driver sits beside the cargo that started xtask;
+            // CLIPPY_ARGS is how `cargo clippy` hands it lint flags.
+            let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            let driver = cargo.with_file_name("clippy-driver");
+            if !driver.is_file() {
+                bail!(
+                    "{} not found: the test suite lints while it builds; install clippy with `rustup component add clippy`",
+                    driver.display()
+                );
+            }
+            cmd.env("RUSTC_WORKSPACE_WRAPPER", driver)
+                .env("CLIPPY_ARGS", "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__");
+        }
+        Ok(cmd)
+    }
+}
+
+/// [`build_plugins_with`], the workspace's crates compiled as `lint` says.
+fn build_plugins_linted(root: &Path, guests: bool, lint: Lint) -> Result<PathBuf> {
     ensure_wasm_target()?;
     let mut cmd = Command::new("cargo");
     cmd.args([
@@ -322,13 +383,13 @@ fn build_plugins_with(root: &Path, guests: bool) -> Result<PathBuf> {
     for p in plugin_crates(root)? {
         cmd.args(["-p", &p]);
     }
-    run(&mut cmd)?;
+    run(lint.apply(&mut cmd)?)?;
     let out = root.join("target/plugins").join(WASM_TARGET).join("plugin");
     let mut build = Command::new("cargo");
     build
         .args(["build", "--release", "--workspace", "--exclude", "xtask"])
         .args(plugin_excludes(root)?);
-    run(&mut build)?;
+    run(lint.apply(&mut build)?)?;
     if guests {
         guests::build_guest_plugins(root, &root.join("target/release/idem"), &out)?;
     }
