@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use idem_host::app::Pool;
-use idem_host::config::{BrokerKind, StoreConfig, StoreKind};
+use idem_host::config::{BrokerKind, Config, OutagePolicy, StoreConfig, StoreKind};
 use idem_host::tools::demo::{demo_config, verify, Schedule};
 use idem_host::tools::kit::Mock;
 use idem_host::tools::kit::OwnRedis;
@@ -23,7 +23,7 @@ async fn drained(pool: &Pool, messages: u64) -> bool {
     c.done + c.dead >= messages && c.running == 0 && c.retry == 0 && pending == 0 && pool.worker.in_flight() == 0
 }
 
-fn base_config(dir: &Path, mock: &Mock) -> idem_host::config::Config {
+fn base_config(dir: &Path, mock: &Mock) -> Config {
     let mut config = demo_config(dir.join("idem.db"), &plugin_dir(), mock, 8);
     config.namespace = unique_namespace("outage");
     config.worker.lease_ms = 1_500;
@@ -36,7 +36,7 @@ fn base_config(dir: &Path, mock: &Mock) -> idem_host::config::Config {
 
 /// The broker on the machine's Redis, claims on a Redis of the test's own
 /// (to kill), data in Postgres.
-fn own_claims_config(dir: &Path, mock: &Mock, own: &OwnRedis) -> idem_host::config::Config {
+fn own_claims_config(dir: &Path, mock: &Mock, own: &OwnRedis) -> Config {
     let mut config = base_config(dir, mock);
     config.broker.kind = BrokerKind::Redis;
     config.broker.url = Some(services::redis());
@@ -53,16 +53,24 @@ fn own_claims_config(dir: &Path, mock: &Mock, own: &OwnRedis) -> idem_host::conf
     config
 }
 
+/// What each outage test starts from: a temporary directory, the mock APIs,
+/// the claim store's own Redis, and [`own_claims_config`] with `policy`.
+async fn own_claims_setup(policy: OutagePolicy) -> (tempfile::TempDir, Mock, OwnRedis, Config) {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
+    let own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
+    let mut config = own_claims_config(dir.path(), &mock, &own);
+    config.worker.outage_policy = policy;
+    (dir, mock, own, config)
+}
+
 /// G8 with `reject`: the claim store's Redis is SIGKILLed mid-run and
 /// restarted; the broker (the machine's Redis) keeps delivering. Workers
 /// leave deliveries unacked while claims are unreachable, count the
 /// decisions, and finish every message once the store is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
-    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
-    let config = own_claims_config(dir.path(), &mock, &own);
+    let (_dir, mock, mut own, config) = own_claims_setup(OutagePolicy::Reject).await;
 
     let pool = Pool::start(&config).await.unwrap();
     mock.watch_journal(pool.backends.claims.clone());
@@ -165,13 +173,8 @@ async fn postgres_connections_terminated_mid_run_are_survived() {
 /// a claim, when the store is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_store_outage_with_run_unguarded_runs_only_endpoint_free_plugins() {
-    use idem_host::config::OutagePolicy;
     use serde_json::json;
-    let dir = tempfile::tempdir().unwrap();
-    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
-    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
-    let mut config = own_claims_config(dir.path(), &mock, &own);
-    config.worker.outage_policy = OutagePolicy::RunUnguarded;
+    let (_dir, mock, mut own, config) = own_claims_setup(OutagePolicy::RunUnguarded).await;
     let pool = Pool::start(&config).await.unwrap();
     mock.watch_journal(pool.backends.claims.clone());
     own.kill();
@@ -248,13 +251,9 @@ async fn claim_store_outage_with_run_unguarded_runs_only_endpoint_free_plugins()
 /// after the visibility timeout (a minute here) runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_hands_back_a_delivery_running_unguarded() {
-    use idem_host::config::{LimitsOverride, OutagePolicy};
+    use idem_host::config::LimitsOverride;
     use serde_json::json;
-    let dir = tempfile::tempdir().unwrap();
-    let mock = Mock::start(Duration::from_millis(300)).await.unwrap();
-    let mut own = OwnRedis::start().expect("redis-server is installed (scripts/services.sh installs it)");
-    let mut config = own_claims_config(dir.path(), &mock, &own);
-    config.worker.outage_policy = OutagePolicy::RunUnguarded;
+    let (_dir, _mock, mut own, mut config) = own_claims_setup(OutagePolicy::RunUnguarded).await;
     config.worker.shutdown_grace_ms = 300;
     config.worker.visibility_ms = 60_000;
     // The hostile plugin (no endpoints, so it may run unguarded) spins in a
