@@ -116,6 +116,47 @@ async fn amqp_foreign_messages_and_long_ids() {
     .await;
 }
 
+/// A message that leaves its delay bucket before the time it is stamped
+/// with (RabbitMQ's expiry timers can run a little ahead) is held until
+/// then, and so is everything behind it: nothing is handed out early, and
+/// what is handed out stays in arrival order. Simulated with a message
+/// published straight to the queue, stamped 1.5 s ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_holds_a_message_out_of_its_delay_bucket_early_until_due() {
+    in_amqp_namespace(|ns| async move {
+        let broker = brokers::amqp(&ns).await;
+        let conn = brokers::amqp_raw().await;
+        let ch = conn.create_channel().await.unwrap();
+        let due = idem_host::now_ms() + 1_500;
+        let mut headers = FieldTable::default();
+        headers.insert("idem-handler".into(), AMQPValue::LongString("h".into()));
+        headers.insert("idem-not-before".into(), AMQPValue::LongLongInt(due));
+        ch.basic_publish(
+            "".into(),
+            format!("{ns}.queue").as_str().into(),
+            BasicPublishOptions::default(),
+            b"{}",
+            BasicProperties::default().with_message_id("early".into()).with_headers(headers),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+        broker.publish(&[envelope("behind")], Duration::ZERO).await.unwrap();
+        while idem_host::now_ms() < due - 200 {
+            let got = broker.fetch(10, Duration::from_secs(60)).await.unwrap();
+            assert!(got.is_empty(), "handed out {:?} at {} before {due}", ids(&got), idem_host::now_ms());
+        }
+        let got = fetch_n(&broker, 2, Duration::from_secs(60), "both messages once due").await;
+        assert!(idem_host::now_ms() >= due, "not before its stamp");
+        assert_eq!(ids(&got), vec!["early", "behind"], "in arrival order");
+        broker.ack(&receipts(&got)).await.unwrap();
+        assert_eq!(broker.pending().await.unwrap(), 0);
+        conn.close(200, "OK".into()).await.unwrap();
+    })
+    .await;
+}
+
 /// When the server cancels the consumer (here: an operator deletes the
 /// queue), fetch reports it, the next call reconnects and declares the
 /// queue again, and receipts from before have no effect on the new

@@ -10,7 +10,7 @@ use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 
 use super::link::{Arrival, Inbox, Link};
-use super::wire::{delivery_count, unavailable, Held, Incoming};
+use super::wire::{delivery_count, due_prefix, not_before, unavailable, Held, Incoming};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
 
@@ -103,7 +103,18 @@ impl AmqpBroker {
             }
         }
         link.drain(&mut inbox)?;
-        let n = max.min(inbox.arrived.len());
+        let now = crate::now_ms();
+        let n = due_prefix(inbox.arrived.iter().map(|(_, d)| &d.properties), max, now);
+        if n == 0 {
+            // The oldest delivery left its delay bucket before its time:
+            // wait for it (briefly; the worker checks for shutdown between
+            // fetches), with the inbox free for other fetches.
+            let head = inbox.arrived.front().and_then(|(_, d)| not_before(&d.properties)).unwrap_or(now);
+            drop(inbox);
+            let early = Duration::from_millis(u64::try_from(head - now).unwrap_or(0));
+            tokio::time::sleep(early.min(FETCH_WAIT)).await;
+            return Ok(Vec::new());
+        }
         // Registered before the inbox is released: every unacked tag below
         // one the worker holds is in `held`, which `ack` relies on.
         let mut held = link.held();

@@ -77,7 +77,7 @@ use lapin::BasicProperties;
 
 use self::link::{Link, CONNECT_TIMEOUT};
 use self::topology::Names;
-use self::wire::properties;
+use self::wire::{properties, with_not_before};
 use super::{Broker, BrokerError, Semantics, Visibility};
 use crate::envelope::{Delivery, Envelope};
 
@@ -153,7 +153,7 @@ impl AmqpBroker {
         // Send the whole batch, then wait: the confirms arrive together.
         let mut confirms = Vec::with_capacity(messages.len());
         for (body, p) in messages {
-            confirms.push(link.send(route, body, p).await?);
+            confirms.push(link.send(route, body, with_not_before(p, delay)).await?);
         }
         for confirm in confirms {
             link.confirmed(confirm, route).await?;

@@ -8,7 +8,7 @@ use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::BasicProperties;
 
 use super::link::Link;
-use super::wire::{copy_properties, parse_receipt, unavailable};
+use super::wire::{copy_properties, parse_receipt, unavailable, with_not_before};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
 
@@ -106,7 +106,9 @@ impl AmqpBroker {
         };
         let route = self.names.route(queue, delay);
         let sent = async {
-            let confirm = link.send(route, &body, copy(properties.clone(), deliveries)).await?;
+            let confirm = link
+                .send(route, &body, with_not_before(copy(properties.clone(), deliveries), delay))
+                .await?;
             link.confirmed(confirm, route).await
         }
         .await;
