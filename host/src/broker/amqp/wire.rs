@@ -97,12 +97,25 @@ pub(super) fn not_before(properties: &BasicProperties) -> Option<i64> {
     }
 }
 
+/// The most a delivery is held for its stamp. An expiry timer running
+/// ahead is early by a small part of its delay; a stamp further ahead is
+/// something else (a clock far off, or a producer's own header), and
+/// holding the queue behind it would stall the worker: such a delivery is
+/// handed out as it is.
+pub(super) const MAX_HOLD_MS: i64 = 1_000;
+
 /// How many of the first `max` deliveries (in arrival order) may be handed
 /// out at `now`: those up to the first that is not due yet. One not due
 /// holds back everything behind it, so the deliveries handed out are
 /// always the oldest unacked ones (which a `multiple` ack relies on).
 pub(super) fn due_prefix<'a>(arrived: impl Iterator<Item = &'a BasicProperties>, max: usize, now: i64) -> usize {
-    arrived.take(max).take_while(|p| not_before(p).is_none_or(|at| at <= now)).count()
+    arrived.take(max).take_while(|p| !held_back(p, now)).count()
+}
+
+/// Whether a delivery is stamped to be due after `now`, by no more than
+/// [`MAX_HOLD_MS`].
+pub(super) fn held_back(properties: &BasicProperties, now: i64) -> bool {
+    not_before(properties).is_some_and(|at| at > now && at - now <= MAX_HOLD_MS)
 }
 
 /// A delivery as [`AmqpBroker::take_with`](super::AmqpBroker::take_with) shows it to its conversion.
@@ -239,7 +252,12 @@ mod tests {
         );
         assert_eq!(due_prefix(arrived.iter(), 10, at), 4, "due at its stamp");
         assert_eq!(due_prefix(arrived.iter(), 1, at - 6), 1, "never more than asked");
-        assert_eq!(due_prefix([delayed].iter(), 10, at - 1), 0);
+        assert_eq!(due_prefix([delayed.clone()].iter(), 10, at - 1), 0);
+        assert_eq!(
+            due_prefix([delayed].iter(), 10, at - MAX_HOLD_MS - 1),
+            1,
+            "a stamp further ahead than any timer runs early is not held"
+        );
         // A copy republished with another delay carries the new stamp.
         let again = with_not_before(copy_properties(plain, 2), std::time::Duration::from_millis(50));
         assert!(not_before(&again).expect("stamped") < at);
