@@ -66,7 +66,7 @@ fn try_main() -> Result<()> {
             // PyPI and npm) only when the demo is asked to run them.
             let guests = rest.windows(2).any(|w| w[0] == "--lang" && w[1] != "rust")
                 || rest.iter().any(|a| a.starts_with("--lang=") && a != "--lang=rust");
-            let plugins = build_plugins_with(&root, guests)?;
+            let plugins = build_plugins(&root, guests, Lint::Off)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("demo").arg("--plugins").arg(&plugins).args(&rest);
             run(&mut cmd)
@@ -82,7 +82,7 @@ fn try_main() -> Result<()> {
             // compilation of the dependencies.
             cargo(&["fmt", "--all", "--check"])?;
             let lint = Lint::Deny;
-            let plugins = build_plugins_linted(&root, true, lint)?;
+            let plugins = build_plugins(&root, true, lint)?;
             let mut build = Command::new("cargo");
             build
                 .args(["build", "--release", "--workspace", "--exclude", "xtask", "--all-targets"])
@@ -135,7 +135,7 @@ fn try_main() -> Result<()> {
         }
         "chaos" => {
             run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
-            let plugins = build_plugins(&root)?;
+            let plugins = build_plugins(&root, true, Lint::Off)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
             run(local_aws_credentials(&mut cmd))
@@ -145,8 +145,8 @@ fn try_main() -> Result<()> {
             [input, output] => chart::chart(Path::new(input), Path::new(output)),
             _ => bail!("usage: cargo xtask chart INPUT.json OUTPUT.png"),
         },
-        "plugins" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
-        "build" => build_plugins(&root).map(|dir| println!("{}", dir.display())),
+        "plugins" => build_plugins(&root, true, Lint::Off).map(|dir| println!("{}", dir.display())),
+        "build" => build_plugins(&root, true, Lint::Off).map(|dir| println!("{}", dir.display())),
         "lint" => {
             cargo(&["fmt", "--all", "--check"])?;
             cargo(&[
@@ -321,19 +321,6 @@ fn plugin_excludes(root: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Build every plugin as a component, and the release host that builds the
-/// Python and JavaScript ones; return the directory holding the plugins.
-/// The host is built with the same package set as `test`, so both share one
-/// build of the dependencies (features are unified per package set).
-fn build_plugins(root: &Path) -> Result<PathBuf> {
-    build_plugins_with(root, true)
-}
-
-/// [`build_plugins`], with or without the Python and JavaScript ones.
-fn build_plugins_with(root: &Path, guests: bool) -> Result<PathBuf> {
-    build_plugins_linted(root, guests, Lint::Off)
-}
-
 /// How the workspace's own crates are compiled.
 #[derive(Clone, Copy)]
 enum Lint {
@@ -367,8 +354,13 @@ impl Lint {
     }
 }
 
-/// [`build_plugins_with`], the workspace's crates compiled as `lint` says.
-fn build_plugins_linted(root: &Path, guests: bool, lint: Lint) -> Result<PathBuf> {
+/// Build every plugin as a component (the Python and JavaScript ones only
+/// with `guests`), and the release host that builds those; return the
+/// directory holding the plugins. The workspace's crates are compiled as
+/// `lint` says. The host is built with the same package set as `test`, so
+/// both share one build of the dependencies (features are unified per
+/// package set).
+fn build_plugins(root: &Path, guests: bool, lint: Lint) -> Result<PathBuf> {
     ensure_wasm_target()?;
     let mut cmd = Command::new("cargo");
     cmd.args([

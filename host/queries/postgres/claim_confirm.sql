@@ -17,13 +17,19 @@ confirmed AS (
     FROM r JOIN locked l ON l.plugin = r.plugin AND l.key = r.key
     WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'running'
     RETURNING c.plugin, c.key, c.fence
+),
+-- Asked only of the claims this statement did not confirm: a batch of first
+-- confirms, the usual case, makes no look-up.
+unconfirmed AS MATERIALIZED (
+    SELECT r.* FROM r
+    WHERE NOT EXISTS (SELECT 1 FROM confirmed x WHERE x.plugin = r.plugin AND x.key = r.key AND x.fence = r.fence)
 )
 SELECT plugin, key, fence FROM confirmed
 UNION ALL
 -- Done before this statement (its snapshot does not see the rows just confirmed as done);
--- one primary-key look-up per claim (`LIMIT` keeps the planner from turning it into a scan
--- of the settled claims).
-SELECT done.plugin, done.key, done.fence FROM r
+-- one primary-key look-up per claim left (`LIMIT` keeps the planner from turning it into a
+-- scan of the settled claims).
+SELECT done.plugin, done.key, done.fence FROM unconfirmed r
 CROSS JOIN LATERAL (
     SELECT c.plugin, c.key, c.fence FROM claims c
     WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'done'

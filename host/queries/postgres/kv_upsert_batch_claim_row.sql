@@ -46,15 +46,20 @@ confirmed AS (
     FROM confirms r JOIN locked l ON l.plugin = r.plugin AND l.key = r.key AND l.fence = r.fence
     WHERE c.plugin = r.plugin AND c.key = r.key
     RETURNING r.idx
+),
+-- The confirms this statement did not confirm: a batch of first confirms,
+-- the usual case, makes no look-up below.
+unconfirmed AS MATERIALIZED (
+    SELECT r.* FROM confirms r WHERE NOT EXISTS (SELECT 1 FROM confirmed x WHERE x.idx = r.idx)
 )
 SELECT idx, false AS confirm FROM held
 UNION ALL
 SELECT idx, true FROM confirmed
 UNION ALL
 -- Done before this statement (its snapshot does not see the rows just
--- confirmed as done); one primary-key look-up per confirm (`LIMIT` keeps the
--- planner from turning it into a scan of the settled claims).
-SELECT r.idx, true FROM confirms r
+-- confirmed as done); one primary-key look-up per confirm left (`LIMIT`
+-- keeps the planner from turning it into a scan of the settled claims).
+SELECT r.idx, true FROM unconfirmed r
 CROSS JOIN LATERAL (
     SELECT 1 FROM claims c
     WHERE c.plugin = r.plugin AND c.key = r.key AND c.fence = r.fence AND c.state = 'done'
