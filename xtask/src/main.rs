@@ -145,8 +145,7 @@ fn try_main() -> Result<()> {
             [input, output] => chart::chart(Path::new(input), Path::new(output)),
             _ => bail!("usage: cargo xtask chart INPUT.json OUTPUT.png"),
         },
-        "plugins" => build_plugins(&root, true, Lint::Off).map(|dir| println!("{}", dir.display())),
-        "build" => build_plugins(&root, true, Lint::Off).map(|dir| println!("{}", dir.display())),
+        "plugins" | "build" => build_plugins(&root, true, Lint::Off).map(|dir| println!("{}", dir.display())),
         "lint" => {
             cargo(&["fmt", "--all", "--check"])?;
             cargo(&[
