@@ -75,10 +75,16 @@ def publish(n):
         fail(f"published {n} tasks but the queue holds {queued}")
 
 
-def poll_done(n, t0_ns, pid, done_count, worker):
-    """Print seconds from T0_NS until done_count() reaches N, and until the
-    first task was done (the worker's start-up). Fails after 60 s without
-    progress, or if the worker PID exits."""
+def poll_done(n, done_count, worker):
+    """Print "ready" once connected, then read the worker's start time (ns)
+    and PID from stdin: so the poller's own start-up is over before the
+    worker starts, and counts in neither figure. Then print seconds from
+    that start until done_count() reaches N, and until the first task was
+    done (the worker's start-up). Fails after 60 s without progress, or if
+    the worker PID exits."""
+    done_count()
+    print("ready", flush=True)
+    t0_ns, pid = map(int, sys.stdin.readline().split())
     first = None
     last, last_change = 0, time.monotonic()
     while True:
@@ -100,10 +106,10 @@ def poll_done(n, t0_ns, pid, done_count, worker):
         time.sleep(0.02)
 
 
-def wait(n, t0_ns, pid):
+def wait(n):
     """Until the Celery tasks' counter reaches N."""
     r = rdb()
-    poll_done(n, t0_ns, pid, lambda: int(r.get(DONE_COUNTER) or 0), "the worker")
+    poll_done(n, lambda: int(r.get(DONE_COUNTER) or 0), "the worker")
 
 
 def wrong_balances(c, table):
@@ -174,10 +180,10 @@ def idem_left(r):
     return r.llen("celery") + r.hlen(f"{IDEM_NS}:celery:unacked") + r.zcard(f"{IDEM_NS}:celery:delayed")
 
 
-def wait_idem(n, t0_ns, pid):
+def wait_idem(n):
     """As wait, for Idem: until no task is queued or unacked."""
     r = rdb()
-    poll_done(n, t0_ns, pid, lambda: n - idem_left(r), "idem run")
+    poll_done(n, lambda: n - idem_left(r), "idem run")
 
 
 def verify_idem(n):
