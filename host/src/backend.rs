@@ -143,12 +143,19 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
         conn.close().await.ok();
     }
     // The application name lets an operator see (and a test terminate) a
-    // deployment's connections in pg_stat_activity. Every execution of a
-    // statement is planned for the table as it is then: a prepared
-    // statement's generic plan, made once, would keep a sequential scan
-    // chosen while the claims table was small as it grows.
+    // deployment's connections in pg_stat_activity. Each prepared statement
+    // is planned once per connection (its generic plan): planning every
+    // execution took about a third of Postgres's CPU on the claim path. A
+    // plan made while a namespace's tables were still empty must not read
+    // them whole as they grow, so sequential scans are off wherever an index
+    // can reach the rows (a statement with no such index still scans).
+    // tests/integration/query_plans.rs checks the claim path's plans.
     let options = base
-        .options([("search_path", namespace), ("plan_cache_mode", "force_custom_plan")])
+        .options([
+            ("search_path", namespace),
+            ("plan_cache_mode", "force_generic_plan"),
+            ("enable_seqscan", "off"),
+        ])
         .application_name(&format!("idem {namespace}"));
     let pool = PgPoolOptions::new()
         .max_connections(max_connections.max(2))

@@ -129,6 +129,11 @@ async fn amqp_holds_a_message_out_of_its_delay_bucket_early_until_due() {
         let broker = brokers::amqp(&ns).await;
         let conn = brokers::amqp_raw().await;
         let ch = conn.create_channel().await.unwrap();
+        // Publisher confirms: a publish below returns once the message is in
+        // the queue, so "early" is queued before "behind", which goes through
+        // another connection (without them the two could swap, and "behind"
+        // would rightly come first).
+        ch.confirm_select(lapin::options::ConfirmSelectOptions::default()).await.unwrap();
         let stamped = |id: &str, due: i64| {
             let mut headers = FieldTable::default();
             headers.insert("idem-handler".into(), AMQPValue::LongString("h".into()));

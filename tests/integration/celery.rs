@@ -507,3 +507,96 @@ async fn on_rabbitmq_a_dropped_connections_tasks_come_back_and_retries_count_in_
     two.ack(&[&again.receipt, &back[1].receipt]).await.unwrap();
     assert_eq!(two.pending().await.unwrap(), 0);
 }
+
+/// A worker consuming several queues on RabbitMQ gets their deliveries on
+/// one channel, numbered in the order the server sent them, through one
+/// consumer per queue; a fetch that takes only some of them must take the
+/// lowest tags, or the `multiple` ack of what it took would also ack a
+/// delivery it never handed out (lost if the worker then stops). Here a1
+/// and a2 wait in queue a and b1 in queue b before the worker starts
+/// consuming; it fetches two, acks them, and its connection closes: the
+/// third comes back. Before deliveries were kept in tag order, the merged
+/// consumers yielded a1, b1, a2, the fetch handed out a1 and b1, their
+/// multiple ack covered a2, and a2 never came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rabbitmq_a_fetch_of_some_deliveries_of_several_queues_acks_only_those() {
+    use idem_host::broker::celery::{CeleryBroker, CeleryOptions};
+    use idem_host::broker::Broker;
+    use lapin::options::QueueDeclareOptions;
+    let ns = unique_namespace("celery_amqp_queues");
+    let (a, b) = (Transport::Amqp.queue(&ns, "a"), Transport::Amqp.queue(&ns, "b"));
+    let config = Config {
+        namespace: ns.clone(),
+        broker: BrokerConfig {
+            kind: BrokerKind::Celery,
+            url: Some(services::amqp()),
+            queues: vec![a.clone(), b.clone()],
+            ..BrokerConfig::default()
+        },
+        ..Config::default()
+    };
+    let _cleanup = Cleanup(config, vec![a.clone(), b.clone()]);
+    let on = |queues: Vec<String>| {
+        CeleryBroker::connect(CeleryOptions {
+            url: Transport::Amqp.url(),
+            queues,
+            tasks: HashMap::from([("t.h".to_string(), "h".to_string())]),
+            result_backend: Some(services::redis()),
+            result_expires: Duration::from_secs(60),
+            namespace: ns.clone(),
+        })
+    };
+    // The worker consumes both queues (its first fetch starts the
+    // consumers) before anything is published, so the server numbers a1,
+    // a2, b1 in that order on its channel.
+    let worker = on(vec![a.clone(), b.clone()]).await.unwrap();
+    let visibility = Duration::from_secs(30);
+    assert!(worker.fetch(2, visibility).await.unwrap().is_empty());
+    // Publishing goes to a broker's first queue.
+    let to_a = on(vec![a.clone()]).await.unwrap();
+    let to_b = on(vec![b.clone()]).await.unwrap();
+    let task = |name: &str| envelope(&format!("{ns}-{name}"), "h", serde_json::json!({"args": [name], "kwargs": {}}));
+    to_a.publish(&[task("a1"), task("a2")], Duration::ZERO).await.unwrap();
+    to_b.publish(&[task("b1")], Duration::ZERO).await.unwrap();
+    drop((to_a, to_b));
+    // Wait until the server has pushed all three to the worker's consumers
+    // (none left ready in either queue), so one fetch sees them together.
+    let raw = brokers::amqp_raw().await;
+    let ch = raw.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    wait_until(Duration::from_secs(30), "all three tasks pushed to the worker", || {
+        let (ch, a, b) = (ch.clone(), a.clone(), b.clone());
+        async move {
+            let mut ready = 0;
+            for q in [a, b] {
+                ready += ch
+                    .queue_declare(q.as_str().into(), passive, Default::default())
+                    .await
+                    .unwrap()
+                    .message_count();
+            }
+            ready == 0
+        }
+    })
+    .await;
+    let first = worker.fetch(2, visibility).await.unwrap();
+    let taken = brokers::ids(&first);
+    assert_eq!(taken, [format!("{ns}-a1"), format!("{ns}-a2")], "the two lowest tags");
+    worker.ack(&brokers::receipts(&first)).await.unwrap();
+    let left: Vec<String> = ["a1", "a2", "b1"]
+        .iter()
+        .map(|n| format!("{ns}-{n}"))
+        .filter(|id| !taken.contains(&id.as_str()))
+        .collect();
+    drop(worker);
+
+    let other = on(vec![a.clone(), b.clone()]).await.unwrap();
+    let back = brokers::fetch_n(&other, 1, visibility, "the task the first worker never handed out").await;
+    assert_eq!(brokers::ids(&back), [left[0].as_str()], "not acked with the others");
+    other.ack(&brokers::receipts(&back)).await.unwrap();
+    assert_eq!(other.pending().await.unwrap(), 0, "the two acked tasks stayed acked");
+    raw.close(200, "OK".into()).await.unwrap();
+}

@@ -1,5 +1,6 @@
 //! The Postgres claim store's hot path finds claim rows by primary key,
-//! whatever else the table holds. A secondary index the planner prefers
+//! whatever else the table holds, and the data store's batches find `kv`
+//! rows the same way. A secondary index the planner prefers
 //! (an index on `state` did this) turns every batch into a scan that grows
 //! with the claims settled since the last vacuum.
 
@@ -84,19 +85,22 @@ fn statements() -> Vec<Statement> {
     ]
 }
 
-/// Every scan of `claims` in a JSON plan: (node type, index name).
-fn scans_of_claims(plan: &Value, out: &mut Vec<(String, String)>) {
-    if plan.get("Relation Name").and_then(Value::as_str) == Some("claims")
+/// Every scan of `table` in a JSON plan: (node type, index name, whether
+/// it looks rows up by a condition on the index rather than reading all of
+/// it).
+fn scans_of(table: &str, plan: &Value, out: &mut Vec<(String, String, bool)>) {
+    if plan.get("Relation Name").and_then(Value::as_str) == Some(table)
         && plan.get("Node Type").and_then(Value::as_str) != Some("ModifyTable")
     {
         out.push((
             plan["Node Type"].as_str().unwrap_or("?").to_string(),
             plan.get("Index Name").and_then(Value::as_str).unwrap_or("").to_string(),
+            plan.get("Index Cond").is_some(),
         ));
     }
     if let Some(children) = plan.get("Plans").and_then(Value::as_array) {
         for child in children {
-            scans_of_claims(child, out);
+            scans_of(table, child, out);
         }
     }
 }
@@ -112,10 +116,12 @@ fn literal(values: &[String]) -> String {
 /// prepared and run on the pool's own connection while the table is still
 /// empty (so a generic plan, were one cached, would be made for an empty
 /// table), then planned again on the full table for batches of 64 and 256
-/// claims: each reaches `claims` only through its primary key. Fails with
-/// an index on `state` (bitmap scans of every entry 'running' ever had) and
-/// with cached generic plans (a sequential scan chosen for the empty
-/// table).
+/// claims: each reaches `claims` only by looking its keys up in the primary
+/// key. The pool's connections keep generic plans (one per statement and
+/// connection), so what is checked is the plan made on the empty table.
+/// Fails with an index on `state` (bitmap scans of every entry 'running'
+/// ever had) and with sequential scans allowed (a generic plan made for the
+/// empty table reads it whole).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_hot_path_statements_find_claims_by_primary_key() {
     let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
@@ -167,13 +173,71 @@ async fn postgres_hot_path_statements_find_claims_by_primary_key() {
             // A `json` column: its text, whichever format it came in.
             let plan: Value = serde_json::from_str(&row.try_get_unchecked::<String, _>(0).unwrap()).unwrap();
             let mut scans = Vec::new();
-            scans_of_claims(&plan[0]["Plan"], &mut scans);
+            scans_of("claims", &plan[0]["Plan"], &mut scans);
             assert!(!scans.is_empty(), "{} ({n} claims) reads claims: {plan}", st.name);
-            for (node, index) in &scans {
+            for (node, index, looked_up) in &scans {
                 assert!(
-                    node.starts_with("Index") && index == "claims_pkey",
-                    "{} ({n} claims) reaches claims by {node} {index:?}, not by its primary key: {plan}",
+                    node.starts_with("Index") && index == "claims_pkey" && *looked_up,
+                    "{} ({n} claims) reaches claims by {node} {index:?} (index condition: {looked_up}), not by looking keys up in its primary key: {plan}",
                     st.name
+                );
+            }
+        }
+    }
+    drop(conn);
+    pool.close().await;
+    s.cleanup().await;
+}
+
+/// The data store's batch reads and deletes, prepared on the pool's own
+/// connection while `kv` is empty (the generic plan each connection keeps is
+/// made then), then explained with 40,000 rows in the table: each looks its
+/// keys up in the primary key. Upserts and unique inserts reach rows through
+/// `ON CONFLICT`, which always uses it. Fails with sequential scans allowed
+/// (a plan made for the empty table reads it whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_data_batches_find_rows_by_primary_key() {
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    let url = crate::common::services::postgres();
+    let pool = open_postgres(&url, &s.config.namespace, 2, "data").await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let keys: Vec<String> = (0..256).map(|i| format!("k{i}")).collect();
+    let args = |n: usize| format!("{}, {}", literal(&vec!["c".to_string(); n]), literal(&keys[..n]));
+    let statements = [
+        ("kv_get_many", include_str!("../../host/queries/postgres/kv_get_many.sql")),
+        ("kv_delete_many", include_str!("../../host/queries/postgres/kv_delete_many.sql")),
+    ];
+    for (name, sql) in statements {
+        sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE {name} AS {sql}")))
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for _ in 0..6 {
+            sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE {name}({})", args(64))))
+                .execute(&mut *conn)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+    sqlx::query("INSERT INTO kv (collection, key, value, updated_at) SELECT 'c', 'k' || g, '\\x76', 0 FROM generate_series(0, 39999) g")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+
+    for n in [64, 256] {
+        for (name, _) in statements {
+            let row = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) EXECUTE {name}({})", args(n))))
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let plan: Value = serde_json::from_str(&row.try_get_unchecked::<String, _>(0).unwrap()).unwrap();
+            let mut scans = Vec::new();
+            scans_of("kv", &plan[0]["Plan"], &mut scans);
+            assert!(!scans.is_empty(), "{name} ({n} keys) reads kv: {plan}");
+            for (node, index, looked_up) in &scans {
+                assert!(
+                    node.starts_with("Index") && index == "kv_pkey" && *looked_up,
+                    "{name} ({n} keys) reaches kv by {node} {index:?} (index condition: {looked_up}), not by looking keys up in its primary key: {plan}"
                 );
             }
         }

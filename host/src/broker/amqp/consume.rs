@@ -23,7 +23,15 @@ impl Link {
     pub(super) fn arrive(&self, inbox: &mut Inbox, item: Option<Arrival>) -> Result<(), BrokerError> {
         match item {
             Some((queue, Some(Ok(delivery)))) => {
-                inbox.arrived.push_back((queue, delivery));
+                // Kept in delivery-tag order, the order the server sent them
+                // on the channel. The merged streams (one per queue) can
+                // yield them out of it, and a fetch hands out the front of
+                // the inbox: whatever stays behind must have higher tags than
+                // anything handed out, or a `multiple` ack of what was handed
+                // out would also ack a delivery still waiting here.
+                let tag = delivery.delivery_tag;
+                let at = inbox.arrived.partition_point(|(_, d)| d.delivery_tag < tag);
+                inbox.arrived.insert(at, (queue, delivery));
                 Ok(())
             }
             Some((_, Some(Err(e)))) => {
