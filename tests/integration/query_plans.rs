@@ -105,6 +105,42 @@ fn scans_of(table: &str, plan: &Value, out: &mut Vec<(String, String, bool)>) {
     }
 }
 
+/// Prepare `sql` as `name` on `conn` and run it 6 times with `args` (the
+/// runs after which Postgres may settle on a generic plan), while the
+/// tables it reads are still empty.
+async fn prepare_on_empty(conn: &mut sqlx::PgConnection, name: &str, sql: &str, args: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE {name} AS {sql}")))
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for _ in 0..6 {
+        sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE {name}({args})")))
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+/// The plan of `EXECUTE name(args)` reads `table`, and only by looking keys
+/// up in `index`.
+async fn assert_looks_up(conn: &mut sqlx::PgConnection, name: &str, args: &str, table: &str, index: &str, what: &str) {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) EXECUTE {name}({args})")))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    // A `json` column: its text, whichever format it came in.
+    let plan: Value = serde_json::from_str(&row.try_get_unchecked::<String, _>(0).unwrap()).unwrap();
+    let mut scans = Vec::new();
+    scans_of(table, &plan[0]["Plan"], &mut scans);
+    assert!(!scans.is_empty(), "{name} ({what}) reads {table}: {plan}");
+    for (node, used, looked_up) in &scans {
+        assert!(
+            node.starts_with("Index") && used == index && *looked_up,
+            "{name} ({what}) reaches {table} by {node} {used:?} (index condition: {looked_up}), not by looking keys up in {index}: {plan}"
+        );
+    }
+}
+
 /// A literal of `keys`' arguments for `EXECUTE`, in the order `args` binds
 /// them (test keys need no escaping).
 fn literal(values: &[String]) -> String {
@@ -131,16 +167,7 @@ async fn postgres_hot_path_statements_find_claims_by_primary_key() {
     let keys: Vec<String> = (0..40_000).map(|i| format!("k{i}")).collect();
     let running = &keys[39_700..];
     for st in statements() {
-        sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE {} AS {}", st.name, st.sql)))
-            .execute(&mut *conn)
-            .await
-            .unwrap_or_else(|e| panic!("{}: {e}", st.name));
-        for _ in 0..6 {
-            sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE {}({})", st.name, (st.args)(&running[..64]))))
-                .execute(&mut *conn)
-                .await
-                .unwrap_or_else(|e| panic!("{}: {e}", st.name));
-        }
+        prepare_on_empty(&mut conn, st.name, st.sql, &(st.args)(&running[..64])).await;
     }
 
     let claims = &s.backends.claims;
@@ -165,23 +192,15 @@ async fn postgres_hot_path_statements_find_claims_by_primary_key() {
 
     for n in [64, 256] {
         for st in statements() {
-            let explain = format!("EXPLAIN (FORMAT JSON) EXECUTE {}({})", st.name, (st.args)(&running[..n]));
-            let row = sqlx::query(sqlx::AssertSqlSafe(explain))
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap_or_else(|e| panic!("{}: {e}", st.name));
-            // A `json` column: its text, whichever format it came in.
-            let plan: Value = serde_json::from_str(&row.try_get_unchecked::<String, _>(0).unwrap()).unwrap();
-            let mut scans = Vec::new();
-            scans_of("claims", &plan[0]["Plan"], &mut scans);
-            assert!(!scans.is_empty(), "{} ({n} claims) reads claims: {plan}", st.name);
-            for (node, index, looked_up) in &scans {
-                assert!(
-                    node.starts_with("Index") && index == "claims_pkey" && *looked_up,
-                    "{} ({n} claims) reaches claims by {node} {index:?} (index condition: {looked_up}), not by looking keys up in its primary key: {plan}",
-                    st.name
-                );
-            }
+            assert_looks_up(
+                &mut conn,
+                st.name,
+                &(st.args)(&running[..n]),
+                "claims",
+                "claims_pkey",
+                &format!("{n} claims"),
+            )
+            .await;
         }
     }
     drop(conn);
@@ -208,16 +227,7 @@ async fn postgres_data_batches_find_rows_by_primary_key() {
         ("kv_delete_many", include_str!("../../host/queries/postgres/kv_delete_many.sql")),
     ];
     for (name, sql) in statements {
-        sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE {name} AS {sql}")))
-            .execute(&mut *conn)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        for _ in 0..6 {
-            sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE {name}({})", args(64))))
-                .execute(&mut *conn)
-                .await
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-        }
+        prepare_on_empty(&mut conn, name, sql, &args(64)).await;
     }
     sqlx::query("INSERT INTO kv (collection, key, value, updated_at) SELECT 'c', 'k' || g, '\\x76', 0 FROM generate_series(0, 39999) g")
         .execute(&mut *conn)
@@ -226,20 +236,7 @@ async fn postgres_data_batches_find_rows_by_primary_key() {
 
     for n in [64, 256] {
         for (name, _) in statements {
-            let row = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) EXECUTE {name}({})", args(n))))
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let plan: Value = serde_json::from_str(&row.try_get_unchecked::<String, _>(0).unwrap()).unwrap();
-            let mut scans = Vec::new();
-            scans_of("kv", &plan[0]["Plan"], &mut scans);
-            assert!(!scans.is_empty(), "{name} ({n} keys) reads kv: {plan}");
-            for (node, index, looked_up) in &scans {
-                assert!(
-                    node.starts_with("Index") && index == "kv_pkey" && *looked_up,
-                    "{name} ({n} keys) reaches kv by {node} {index:?} (index condition: {looked_up}), not by looking keys up in its primary key: {plan}"
-                );
-            }
+            assert_looks_up(&mut conn, name, &args(n), "kv", "kv_pkey", &format!("{n} keys")).await;
         }
     }
     drop(conn);
