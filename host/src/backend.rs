@@ -149,7 +149,8 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
     // plan made while a namespace's tables were still empty must not read
     // them whole as they grow, so sequential scans are off wherever an index
     // can reach the rows (a statement with no such index still scans).
-    // tests/integration/query_plans.rs checks the claim path's plans.
+    // tests/integration/query_plans.rs checks the plans of the claim path
+    // and of the data store's batch reads and deletes.
     let options = base
         .options([
             ("search_path", namespace),

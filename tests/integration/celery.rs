@@ -207,8 +207,6 @@ async fn tasks_run_once_through_a_sigkill(transport: Transport) {
     let mut first = spawn_idem_run(&config_path, &log(1));
     kill_holding_claims(first.id(), &log(1), "", backends.admin.as_ref()).await;
     first.wait().unwrap();
-    let done_at_kill = backends.admin.counts().await.unwrap().done;
-    assert!(done_at_kill < 1000, "killed mid-run: {done_at_kill} tasks done");
     let second = spawn_idem_run(&config_path, &log(2));
     let third = spawn_idem_run(&config_path, &log(3));
 
@@ -362,9 +360,14 @@ async fn celery_broker(ns: &str) -> idem_host::broker::celery::CeleryBroker {
 }
 
 async fn celery_broker_on(ns: &str, transport: Transport) -> idem_host::broker::celery::CeleryBroker {
+    celery_broker_of(ns, transport, vec![transport.queue(ns, "q")]).await
+}
+
+/// As [`celery_broker_on`], consuming `queues` (and publishing to the first).
+async fn celery_broker_of(ns: &str, transport: Transport, queues: Vec<String>) -> idem_host::broker::celery::CeleryBroker {
     idem_host::broker::celery::CeleryBroker::connect(idem_host::broker::celery::CeleryOptions {
         url: transport.url(),
-        queues: vec![transport.queue(ns, "q")],
+        queues,
         tasks: HashMap::from([("t.h".to_string(), "h".to_string())]),
         result_backend: Some(services::redis()),
         result_expires: Duration::from_secs(60),
@@ -521,7 +524,6 @@ async fn on_rabbitmq_a_dropped_connections_tasks_come_back_and_retries_count_in_
 /// multiple ack covered a2, and a2 never came back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_rabbitmq_a_fetch_of_some_deliveries_of_several_queues_acks_only_those() {
-    use idem_host::broker::celery::{CeleryBroker, CeleryOptions};
     use idem_host::broker::Broker;
     use lapin::options::QueueDeclareOptions;
     let ns = unique_namespace("celery_amqp_queues");
@@ -537,25 +539,16 @@ async fn on_rabbitmq_a_fetch_of_some_deliveries_of_several_queues_acks_only_thos
         ..Config::default()
     };
     let _cleanup = Cleanup(config, vec![a.clone(), b.clone()]);
-    let on = |queues: Vec<String>| {
-        CeleryBroker::connect(CeleryOptions {
-            url: Transport::Amqp.url(),
-            queues,
-            tasks: HashMap::from([("t.h".to_string(), "h".to_string())]),
-            result_backend: Some(services::redis()),
-            result_expires: Duration::from_secs(60),
-            namespace: ns.clone(),
-        })
-    };
+    let on = |queues: Vec<String>| celery_broker_of(&ns, Transport::Amqp, queues);
     // The worker consumes both queues (its first fetch starts the
     // consumers) before anything is published, so the server numbers a1,
     // a2, b1 in that order on its channel.
-    let worker = on(vec![a.clone(), b.clone()]).await.unwrap();
+    let worker = on(vec![a.clone(), b.clone()]).await;
     let visibility = Duration::from_secs(30);
     assert!(worker.fetch(2, visibility).await.unwrap().is_empty());
     // Publishing goes to a broker's first queue.
-    let to_a = on(vec![a.clone()]).await.unwrap();
-    let to_b = on(vec![b.clone()]).await.unwrap();
+    let to_a = on(vec![a.clone()]).await;
+    let to_b = on(vec![b.clone()]).await;
     let task = |name: &str| envelope(&format!("{ns}-{name}"), "h", serde_json::json!({"args": [name], "kwargs": {}}));
     to_a.publish(&[task("a1"), task("a2")], Duration::ZERO).await.unwrap();
     to_b.publish(&[task("b1")], Duration::ZERO).await.unwrap();
@@ -587,16 +580,11 @@ async fn on_rabbitmq_a_fetch_of_some_deliveries_of_several_queues_acks_only_thos
     let taken = brokers::ids(&first);
     assert_eq!(taken, [format!("{ns}-a1"), format!("{ns}-a2")], "the two lowest tags");
     worker.ack(&brokers::receipts(&first)).await.unwrap();
-    let left: Vec<String> = ["a1", "a2", "b1"]
-        .iter()
-        .map(|n| format!("{ns}-{n}"))
-        .filter(|id| !taken.contains(&id.as_str()))
-        .collect();
     drop(worker);
 
-    let other = on(vec![a.clone(), b.clone()]).await.unwrap();
+    let other = on(vec![a.clone(), b.clone()]).await;
     let back = brokers::fetch_n(&other, 1, visibility, "the task the first worker never handed out").await;
-    assert_eq!(brokers::ids(&back), [left[0].as_str()], "not acked with the others");
+    assert_eq!(brokers::ids(&back), [format!("{ns}-b1")], "not acked with the others");
     other.ack(&brokers::receipts(&back)).await.unwrap();
     assert_eq!(other.pending().await.unwrap(), 0, "the two acked tasks stayed acked");
     raw.close(200, "OK".into()).await.unwrap();

@@ -105,6 +105,15 @@ fn scans_of(table: &str, plan: &Value, out: &mut Vec<(String, String, bool)>) {
     }
 }
 
+/// A fresh namespace on Postgres and a pool opened as the workers open
+/// theirs (`setting` names it in errors), its tables still empty.
+async fn fresh_pool(setting: &str) -> (Served, sqlx::PgPool) {
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    let url = crate::common::services::postgres();
+    let pool = open_postgres(&url, &s.config.namespace, 2, setting).await.unwrap();
+    (s, pool)
+}
+
 /// Prepare `sql` as `name` on `conn` and run it 6 times with `args` (the
 /// runs after which Postgres may settle on a generic plan), while the
 /// tables it reads are still empty.
@@ -160,9 +169,7 @@ fn literal(values: &[String]) -> String {
 /// empty table reads it whole).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_hot_path_statements_find_claims_by_primary_key() {
-    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
-    let url = crate::common::services::postgres();
-    let pool = open_postgres(&url, &s.config.namespace, 2, "claims").await.unwrap();
+    let (s, pool) = fresh_pool("claims").await;
     let mut conn = pool.acquire().await.unwrap();
     let keys: Vec<String> = (0..40_000).map(|i| format!("k{i}")).collect();
     let running = &keys[39_700..];
@@ -216,9 +223,7 @@ async fn postgres_hot_path_statements_find_claims_by_primary_key() {
 /// (a plan made for the empty table reads it whole).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_data_batches_find_rows_by_primary_key() {
-    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
-    let url = crate::common::services::postgres();
-    let pool = open_postgres(&url, &s.config.namespace, 2, "data").await.unwrap();
+    let (s, pool) = fresh_pool("data").await;
     let mut conn = pool.acquire().await.unwrap();
     let keys: Vec<String> = (0..256).map(|i| format!("k{i}")).collect();
     let args = |n: usize| format!("{}, {}", literal(&vec!["c".to_string(); n]), literal(&keys[..n]));
