@@ -284,9 +284,12 @@ pub async fn open(config: &Config) -> Result<Backends> {
         BrokerKind::Sqlite => Arc::new(crate::broker::sqlite::SqliteBroker::new(sqlite_pool())),
         BrokerKind::Redis => Arc::new(crate::broker::redis::RedisBroker::connect(config.broker.url()?, ns).await?),
         BrokerKind::Rabbitmq => {
-            // What the worker holds, and as many again awaiting their
-            // confirm and ack.
-            let held = config.worker.concurrency.saturating_mul(config.worker.prefetch).saturating_mul(2);
+            // Four times what the worker holds: as many again wait for
+            // their batched confirm and ack after leaving its hands, and
+            // twice that keeps deliveries arriving ahead of the fetches.
+            // With twice, the inbox ran dry while acks were on their way
+            // and scenario c ran 15% slower (BENCHMARKS.md, item 13).
+            let held = config.worker.concurrency.saturating_mul(config.worker.prefetch).saturating_mul(4);
             let prefetch = u16::try_from(held).unwrap_or(u16::MAX);
             Arc::new(crate::broker::amqp::AmqpBroker::connect_with_prefetch(config.broker.url()?, ns, prefetch).await?)
         }

@@ -346,6 +346,57 @@ pub async fn results_conformance(b: &Backends) {
     assert_eq!(out, vec![ClaimOutcome::Done], "a confirmed claim is a duplicate");
 }
 
+/// One batch of every kind of request, answered in request order: new
+/// keys, a key done, a key running, a repeat of a new key within the
+/// batch, and a key first seen with another payload. The new keys stay
+/// claimed after the batch.
+pub async fn mixed_batch_conformance(b: &Backends) {
+    let claims = &b.claims;
+    let t0 = 1_900_000_000_000;
+    let (payload, hash) = (&b"{\"n\":1}"[..], payload_hash(b"{\"n\":1}"));
+    let (other, other_hash) = (&b"{\"n\":2}"[..], payload_hash(b"{\"n\":2}"));
+    let before: Vec<ClaimRequest> = ["mx-done", "mx-running", "mx-conflict"]
+        .iter()
+        .map(|k| request(k, &hash, payload, 3))
+        .collect();
+    let out = claims.claim(&before, t0).await.unwrap();
+    assert!(out.iter().all(|o| matches!(o, ClaimOutcome::Acquired { fence: 1, .. })), "{out:?}");
+    let done = ClaimRef {
+        plugin: "p".into(),
+        key: "mx-done".into(),
+        fence: 1,
+    };
+    assert_eq!(claims.confirm(&[done], t0 + 1).await.unwrap(), vec![true]);
+    let batch = [
+        request("mx-new-1", &hash, payload, 3),
+        request("mx-done", &hash, payload, 3),
+        request("mx-running", &hash, payload, 3),
+        request("mx-new-1", &hash, payload, 3),
+        request("mx-conflict", &other_hash, other, 3),
+        request("mx-new-2", &hash, payload, 3),
+    ];
+    let out = claims.claim(&batch, t0 + 10).await.unwrap();
+    let first = ClaimOutcome::Acquired {
+        fence: 1,
+        attempt: 1,
+        traps: 0,
+    };
+    assert_eq!(out[0], first, "a new key: {out:?}");
+    assert_eq!(out[1], ClaimOutcome::Done, "a key done: {out:?}");
+    assert!(matches!(out[2], ClaimOutcome::Busy { .. }), "a key running: {out:?}");
+    assert!(
+        matches!(out[3], ClaimOutcome::Busy { .. }),
+        "a new key's repeat in the batch: {out:?}"
+    );
+    assert_eq!(out[4], ClaimOutcome::Conflict, "another payload: {out:?}");
+    assert_eq!(out[5], first, "a new key: {out:?}");
+    let again = claims.claim(&batch[..1], t0 + 20).await.unwrap();
+    assert!(
+        matches!(again[0], ClaimOutcome::Busy { .. }),
+        "the batch's new claims are held: {again:?}"
+    );
+}
+
 pub async fn data_store_conformance(b: &Backends) {
     let d = &b.data;
     assert_eq!(d.insert_unique(None, "users", "u1", b"alice").await.unwrap(), Inserted::Inserted);
@@ -512,6 +563,7 @@ async fn sqlite_claim_store_conforms() {
     let (_dir, b) = sqlite().await;
     claim_store_conformance(&b).await;
     results_conformance(&b).await;
+    mixed_batch_conformance(&b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -588,6 +640,7 @@ async fn postgres_claim_store_conforms() {
     let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
     claim_store_conformance(&s.backends).await;
     results_conformance(&s.backends).await;
+    mixed_batch_conformance(&s.backends).await;
     s.cleanup().await;
 }
 
@@ -603,6 +656,7 @@ async fn redis_claim_store_with_postgres_data_conforms() {
     let s = Served::open(StoreKind::Redis, StoreKind::Postgres).await;
     claim_store_conformance(&s.backends).await;
     results_conformance(&s.backends).await;
+    mixed_batch_conformance(&s.backends).await;
     s.cleanup().await;
 }
 

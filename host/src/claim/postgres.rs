@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Row, Transaction};
 
 use super::{decide, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetterRequest, Decision, JournalEntry, Stored};
 
@@ -29,7 +29,7 @@ impl PgClaims {
 
 #[allow(clippy::too_many_arguments)]
 async fn insert_dead_letter(
-    tx: &mut Transaction<'static, Postgres>,
+    conn: &mut PgConnection,
     plugin: &str,
     key: &str,
     msg_id: &str,
@@ -52,21 +52,18 @@ async fn insert_dead_letter(
         .bind(plugin_version)
         .bind(first_seen_at)
         .bind(now)
-        .execute(&mut **tx)
+        .execute(conn)
         .await?;
     Ok(())
 }
 
 /// Insert the batch's keys that have no claim yet, in one statement: the
-/// common case, a first delivery, costs no round trip of its own. Answers
+/// common case, a batch of first deliveries, is this one round trip (a
+/// transaction of its own: nothing else is decided with it). Answers
 /// the positions (in `requests`) acquired with fence 1. Only the first
 /// request for a key is tried here; the rest (and every key that exists)
 /// are locked and decided one by one.
-async fn insert_new_keys<'a>(
-    tx: &mut Transaction<'static, Postgres>,
-    requests: &[ClaimRequest<'a>],
-    now: i64,
-) -> Result<HashSet<usize>, ClaimError> {
+async fn insert_new_keys<'a>(conn: &mut PgConnection, requests: &[ClaimRequest<'a>], now: i64) -> Result<HashSet<usize>, ClaimError> {
     let mut first: HashMap<(&str, &str), usize> = HashMap::new();
     for (i, r) in requests.iter().enumerate() {
         first.entry((r.plugin, r.key)).or_insert(i);
@@ -82,7 +79,7 @@ async fn insert_new_keys<'a>(
         .bind(items.iter().map(|r| now + r.lease_ms).collect::<Vec<_>>())
         .bind(column(|r| r.plugin_version))
         .bind(now)
-        .fetch_all(&mut **tx)
+        .fetch_all(conn)
         .await?;
     let mut acquired = HashSet::with_capacity(rows.len());
     for row in rows {
@@ -165,26 +162,32 @@ impl PgClaims {
 impl ClaimStore for PgClaims {
     async fn claim(&self, requests: &[ClaimRequest<'_>], now: i64) -> Result<Vec<ClaimOutcome>, ClaimError> {
         let waiting = std::time::Instant::now();
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
         let now = now + waiting.elapsed().as_millis() as i64;
-        let mut order: Vec<usize> = (0..requests.len()).collect();
+        let fresh = insert_new_keys(&mut conn, requests, now).await?;
+        let first = ClaimOutcome::Acquired {
+            fence: 1,
+            attempt: 1,
+            traps: 0,
+        };
+        let mut out = vec![ClaimOutcome::Done; requests.len()];
+        for &i in &fresh {
+            out[i] = first.clone();
+        }
+        if fresh.len() == requests.len() {
+            return Ok(out);
+        }
+        // Keys that exist (redeliveries) and repeats within the batch: each
+        // locked and decided in one transaction, in key order.
+        let mut order: Vec<usize> = (0..requests.len()).filter(|i| !fresh.contains(i)).collect();
         order.sort_by(|&a, &b| {
             (requests[a].plugin, requests[a].key)
                 .cmp(&(requests[b].plugin, requests[b].key))
                 .then(a.cmp(&b))
         });
-        let mut out = vec![ClaimOutcome::Done; requests.len()];
-        let fresh = insert_new_keys(&mut tx, requests, now).await?;
+        let mut tx = conn.begin().await?;
         for i in order {
             let r = &requests[i];
-            if fresh.contains(&i) {
-                out[i] = ClaimOutcome::Acquired {
-                    fence: 1,
-                    attempt: 1,
-                    traps: 0,
-                };
-                continue;
-            }
             let inserted = sqlx::query(include_str!("../../queries/postgres/claim_insert.sql"))
                 .bind(r.plugin)
                 .bind(r.key)
