@@ -121,4 +121,25 @@ async fn postgres_refusing_a_key_is_not_an_outage() {
         matches!(again[0], idem_host::claim::ClaimOutcome::Acquired { fence: 1, .. }),
         "{again:?}"
     );
+    // Refused after the batch's new keys were claimed (a repeat of a key is
+    // decided after them, and its message id has a NUL): those claims are
+    // withdrawn, so claiming the batch again acquires them as first attempts
+    // rather than finding them busy until their lease expires.
+    let refused_repeat = idem_host::claim::ClaimRequest {
+        msg_id: "m\0",
+        ..request("twice")
+    };
+    let err = backends
+        .claims
+        .claim(&[request("new"), request("twice"), refused_repeat], 2_000)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idem_host::claim::ClaimError::Rejected(_)), "{err:?}");
+    let again = backends.claims.claim(&[request("new"), request("twice")], 2_000).await.unwrap();
+    let first = idem_host::claim::ClaimOutcome::Acquired {
+        fence: 1,
+        attempt: 1,
+        traps: 0,
+    };
+    assert_eq!(again, vec![first.clone(), first], "the refused batch's new claims were withdrawn");
 }

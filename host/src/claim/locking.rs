@@ -40,6 +40,11 @@ statement!(
     /// A group commit of upserts with confirms (`kv_upsert_batch_claim_row.sql`).
     UPSERT_BATCH = "kv_upsert_batch_claim_row.sql"
 );
+statement!(
+    /// Withdraw a claim batch's new claims when the rest of it failed
+    /// (`claim_withdraw.sql`).
+    WITHDRAW = "claim_withdraw.sql"
+);
 
 #[cfg(test)]
 mod tests {
@@ -52,6 +57,7 @@ mod tests {
             ("extend", &EXTEND),
             ("fence", &FENCE_BATCH),
             ("upsert", &UPSERT_BATCH),
+            ("withdraw", &WITHDRAW),
         ] {
             let sql = sql.as_str();
             assert!(!sql.contains(MARK), "{name}");

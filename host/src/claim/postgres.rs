@@ -1,8 +1,10 @@
 //! Claims, journal and dead letters in Postgres.
 //!
-//! A batch of claims is one transaction: the keys seen for the first time
-//! are inserted in one statement, the rest are locked (`FOR UPDATE`) and
-//! decided one by one. Both go in key order. Every statement or transaction
+//! A batch of claims: the keys seen for the first time are inserted in one
+//! statement, committed on its own (a batch of first deliveries is one
+//! round trip); the rest are then locked (`FOR UPDATE`) and decided one by
+//! one in a transaction, and if that fails the new claims are withdrawn.
+//! Both go in key order. Every statement or transaction
 //! that locks several claim rows does so in key order (claims, extensions,
 //! confirms, dead letters, and the data store's group commit, which locks
 //! the rows it writes under and confirms in one pass), so any two of them
@@ -156,6 +158,37 @@ impl PgClaims {
             .fetch_all(&self.pool)
             .await?)
     }
+
+    /// Withdraw the new claims of a batch whose rest could not be decided:
+    /// the caller gets an error and hands none of them out, so they must
+    /// not stay held (each would wait for its lease to expire and then
+    /// count an attempt that never ran). Best effort: one that cannot be
+    /// withdrawn (the database unreachable) is taken over when its lease
+    /// expires, as after a commit whose answer was lost.
+    async fn withdraw<'a>(&self, requests: &[ClaimRequest<'a>], fresh: &HashSet<usize>, created_at: i64) {
+        if fresh.is_empty() {
+            return;
+        }
+        let column = |f: fn(&ClaimRequest<'a>) -> &'a str| fresh.iter().map(|&i| f(&requests[i])).collect::<Vec<&str>>();
+        let withdrawn = sqlx::query(crate::claim::locking::WITHDRAW.as_str())
+            .bind(column(|r| r.plugin))
+            .bind(column(|r| r.key))
+            .bind(column(|r| r.owner))
+            .bind(created_at)
+            .execute(&self.pool)
+            .await;
+        match withdrawn {
+            Ok(done) => tracing::info!(
+                withdrawn = done.rows_affected(),
+                "a claim batch failed after claiming its new keys; those claims were withdrawn"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                claims = fresh.len(),
+                "a claim batch failed after claiming its new keys, and they cannot be withdrawn; they are taken over when their lease expires"
+            ),
+        }
+    }
 }
 
 #[async_trait]
@@ -185,114 +218,119 @@ impl ClaimStore for PgClaims {
                 .cmp(&(requests[b].plugin, requests[b].key))
                 .then(a.cmp(&b))
         });
-        let mut tx = conn.begin().await?;
-        for i in order {
-            let r = &requests[i];
-            let inserted = sqlx::query(include_str!("../../queries/postgres/claim_insert.sql"))
-                .bind(r.plugin)
-                .bind(r.key)
-                .bind(r.msg_id)
-                .bind(r.payload_hash)
-                .bind(r.owner)
-                .bind(now + r.lease_ms)
-                .bind(r.plugin_version)
-                .bind(now)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if inserted.is_some() {
-                out[i] = ClaimOutcome::Acquired {
-                    fence: 1,
-                    attempt: 1,
-                    traps: 0,
+        let rest = async {
+            let mut tx = conn.begin().await?;
+            for i in order {
+                let r = &requests[i];
+                let inserted = sqlx::query(include_str!("../../queries/postgres/claim_insert.sql"))
+                    .bind(r.plugin)
+                    .bind(r.key)
+                    .bind(r.msg_id)
+                    .bind(r.payload_hash)
+                    .bind(r.owner)
+                    .bind(now + r.lease_ms)
+                    .bind(r.plugin_version)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if inserted.is_some() {
+                    out[i] = first.clone();
+                    continue;
+                }
+                let row = sqlx::query(include_str!("../../queries/postgres/claim_lock.sql"))
+                    .bind(r.plugin)
+                    .bind(r.key)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let hash: String = row.try_get("payload_hash")?;
+                let state: String = row.try_get("state")?;
+                let fence: i64 = row.try_get("fence")?;
+                let attempts: i32 = row.try_get("attempts")?;
+                let last_error: Option<String> = row.try_get("last_error")?;
+                let created_at: i64 = row.try_get("created_at")?;
+                let stored = Stored {
+                    payload_hash: &hash,
+                    state: super::sql_admin::state(&state)?,
+                    lease_until: row.try_get("lease_until")?,
+                    not_before: row.try_get("not_before")?,
+                    attempts: i64::from(attempts),
+                    last_error: last_error.as_deref(),
                 };
-                continue;
+                let outcome = match decide(&stored, r, now) {
+                    Decision::Answer(outcome) => outcome,
+                    Decision::Conflict(reason) => {
+                        insert_dead_letter(
+                            &mut tx,
+                            r.plugin,
+                            r.key,
+                            r.msg_id,
+                            r.headers,
+                            r.payload,
+                            &reason,
+                            0,
+                            Some(r.plugin_version),
+                            now,
+                            now,
+                        )
+                        .await?;
+                        ClaimOutcome::Conflict
+                    }
+                    Decision::Exhaust(reason) => {
+                        let retired: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/claim_mark_dead_any.sql"))
+                            .bind(r.plugin)
+                            .bind(r.key)
+                            .bind(&reason)
+                            .bind(now)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        insert_dead_letter(
+                            &mut tx,
+                            r.plugin,
+                            r.key,
+                            r.msg_id,
+                            r.headers,
+                            r.payload,
+                            &reason,
+                            attempts,
+                            Some(r.plugin_version),
+                            created_at,
+                            now,
+                        )
+                        .await?;
+                        ClaimOutcome::Exhausted {
+                            attempts: attempts as u32,
+                            fence: retired,
+                        }
+                    }
+                    Decision::TakeOver => {
+                        let row = sqlx::query(include_str!("../../queries/postgres/claim_takeover.sql"))
+                            .bind(r.plugin)
+                            .bind(r.key)
+                            .bind(fence)
+                            .bind(r.owner)
+                            .bind(now + r.lease_ms)
+                            .bind(r.plugin_version)
+                            .bind(now)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        ClaimOutcome::Acquired {
+                            fence: row.try_get("fence")?,
+                            attempt: row.try_get::<i32, _>("attempts")? as u32,
+                            traps: row.try_get::<i32, _>("traps")? as u32,
+                        }
+                    }
+                };
+                out[i] = outcome;
             }
-            let row = sqlx::query(include_str!("../../queries/postgres/claim_lock.sql"))
-                .bind(r.plugin)
-                .bind(r.key)
-                .fetch_one(&mut *tx)
-                .await?;
-            let hash: String = row.try_get("payload_hash")?;
-            let state: String = row.try_get("state")?;
-            let fence: i64 = row.try_get("fence")?;
-            let attempts: i32 = row.try_get("attempts")?;
-            let last_error: Option<String> = row.try_get("last_error")?;
-            let created_at: i64 = row.try_get("created_at")?;
-            let stored = Stored {
-                payload_hash: &hash,
-                state: super::sql_admin::state(&state)?,
-                lease_until: row.try_get("lease_until")?,
-                not_before: row.try_get("not_before")?,
-                attempts: i64::from(attempts),
-                last_error: last_error.as_deref(),
-            };
-            let outcome = match decide(&stored, r, now) {
-                Decision::Answer(outcome) => outcome,
-                Decision::Conflict(reason) => {
-                    insert_dead_letter(
-                        &mut tx,
-                        r.plugin,
-                        r.key,
-                        r.msg_id,
-                        r.headers,
-                        r.payload,
-                        &reason,
-                        0,
-                        Some(r.plugin_version),
-                        now,
-                        now,
-                    )
-                    .await?;
-                    ClaimOutcome::Conflict
-                }
-                Decision::Exhaust(reason) => {
-                    let retired: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/claim_mark_dead_any.sql"))
-                        .bind(r.plugin)
-                        .bind(r.key)
-                        .bind(&reason)
-                        .bind(now)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    insert_dead_letter(
-                        &mut tx,
-                        r.plugin,
-                        r.key,
-                        r.msg_id,
-                        r.headers,
-                        r.payload,
-                        &reason,
-                        attempts,
-                        Some(r.plugin_version),
-                        created_at,
-                        now,
-                    )
-                    .await?;
-                    ClaimOutcome::Exhausted {
-                        attempts: attempts as u32,
-                        fence: retired,
-                    }
-                }
-                Decision::TakeOver => {
-                    let row = sqlx::query(include_str!("../../queries/postgres/claim_takeover.sql"))
-                        .bind(r.plugin)
-                        .bind(r.key)
-                        .bind(fence)
-                        .bind(r.owner)
-                        .bind(now + r.lease_ms)
-                        .bind(r.plugin_version)
-                        .bind(now)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    ClaimOutcome::Acquired {
-                        fence: row.try_get("fence")?,
-                        attempt: row.try_get::<i32, _>("attempts")? as u32,
-                        traps: row.try_get::<i32, _>("traps")? as u32,
-                    }
-                }
-            };
-            out[i] = outcome;
+            tx.commit().await?;
+            Ok::<_, ClaimError>(())
         }
-        tx.commit().await?;
+        .await;
+        if let Err(e) = rest {
+            drop(conn);
+            self.withdraw(requests, &fresh, now).await;
+            return Err(e);
+        }
         Ok(out)
     }
 
