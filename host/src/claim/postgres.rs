@@ -17,6 +17,13 @@ use sqlx::{Connection, PgConnection, PgPool, Postgres, Row, Transaction};
 
 use super::{decide, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetterRequest, Decision, JournalEntry, Stored};
 
+/// What a request whose key had no claim is answered.
+const FIRST_ATTEMPT: ClaimOutcome = ClaimOutcome::Acquired {
+    fence: 1,
+    attempt: 1,
+    traps: 0,
+};
+
 /// The Postgres claim store.
 pub struct PgClaims {
     pool: PgPool,
@@ -89,6 +96,123 @@ async fn insert_new_keys<'a>(conn: &mut PgConnection, requests: &[ClaimRequest<'
         acquired.extend(first.get(&(plugin.as_str(), key.as_str())));
     }
     Ok(acquired)
+}
+
+/// Lock and decide, one by one in one transaction, the requests of a
+/// batch (`order`, in key order) that its first statement did not claim:
+/// keys that exist (redeliveries) and repeats within the batch.
+async fn decide_rest(
+    conn: &mut PgConnection,
+    requests: &[ClaimRequest<'_>],
+    order: Vec<usize>,
+    out: &mut [ClaimOutcome],
+    now: i64,
+) -> Result<(), ClaimError> {
+    let mut tx = conn.begin().await?;
+    for i in order {
+        let r = &requests[i];
+        let inserted = sqlx::query(include_str!("../../queries/postgres/claim_insert.sql"))
+            .bind(r.plugin)
+            .bind(r.key)
+            .bind(r.msg_id)
+            .bind(r.payload_hash)
+            .bind(r.owner)
+            .bind(now + r.lease_ms)
+            .bind(r.plugin_version)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if inserted.is_some() {
+            out[i] = FIRST_ATTEMPT;
+            continue;
+        }
+        let row = sqlx::query(include_str!("../../queries/postgres/claim_lock.sql"))
+            .bind(r.plugin)
+            .bind(r.key)
+            .fetch_one(&mut *tx)
+            .await?;
+        let hash: String = row.try_get("payload_hash")?;
+        let state: String = row.try_get("state")?;
+        let fence: i64 = row.try_get("fence")?;
+        let attempts: i32 = row.try_get("attempts")?;
+        let last_error: Option<String> = row.try_get("last_error")?;
+        let created_at: i64 = row.try_get("created_at")?;
+        let stored = Stored {
+            payload_hash: &hash,
+            state: super::sql_admin::state(&state)?,
+            lease_until: row.try_get("lease_until")?,
+            not_before: row.try_get("not_before")?,
+            attempts: i64::from(attempts),
+            last_error: last_error.as_deref(),
+        };
+        let outcome = match decide(&stored, r, now) {
+            Decision::Answer(outcome) => outcome,
+            Decision::Conflict(reason) => {
+                insert_dead_letter(
+                    &mut tx,
+                    r.plugin,
+                    r.key,
+                    r.msg_id,
+                    r.headers,
+                    r.payload,
+                    &reason,
+                    0,
+                    Some(r.plugin_version),
+                    now,
+                    now,
+                )
+                .await?;
+                ClaimOutcome::Conflict
+            }
+            Decision::Exhaust(reason) => {
+                let retired: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/claim_mark_dead_any.sql"))
+                    .bind(r.plugin)
+                    .bind(r.key)
+                    .bind(&reason)
+                    .bind(now)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                insert_dead_letter(
+                    &mut tx,
+                    r.plugin,
+                    r.key,
+                    r.msg_id,
+                    r.headers,
+                    r.payload,
+                    &reason,
+                    attempts,
+                    Some(r.plugin_version),
+                    created_at,
+                    now,
+                )
+                .await?;
+                ClaimOutcome::Exhausted {
+                    attempts: attempts as u32,
+                    fence: retired,
+                }
+            }
+            Decision::TakeOver => {
+                let row = sqlx::query(include_str!("../../queries/postgres/claim_takeover.sql"))
+                    .bind(r.plugin)
+                    .bind(r.key)
+                    .bind(fence)
+                    .bind(r.owner)
+                    .bind(now + r.lease_ms)
+                    .bind(r.plugin_version)
+                    .bind(now)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                ClaimOutcome::Acquired {
+                    fence: row.try_get("fence")?,
+                    attempt: row.try_get::<i32, _>("attempts")? as u32,
+                    traps: row.try_get::<i32, _>("traps")? as u32,
+                }
+            }
+        };
+        out[i] = outcome;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Check `claim`'s fence inside `tx`, share-locking the claim row.
@@ -198,134 +322,20 @@ impl ClaimStore for PgClaims {
         let mut conn = self.pool.acquire().await?;
         let now = now + waiting.elapsed().as_millis() as i64;
         let fresh = insert_new_keys(&mut conn, requests, now).await?;
-        let first = ClaimOutcome::Acquired {
-            fence: 1,
-            attempt: 1,
-            traps: 0,
-        };
         let mut out = vec![ClaimOutcome::Done; requests.len()];
         for &i in &fresh {
-            out[i] = first.clone();
+            out[i] = FIRST_ATTEMPT;
         }
         if fresh.len() == requests.len() {
             return Ok(out);
         }
-        // Keys that exist (redeliveries) and repeats within the batch: each
-        // locked and decided in one transaction, in key order.
         let mut order: Vec<usize> = (0..requests.len()).filter(|i| !fresh.contains(i)).collect();
         order.sort_by(|&a, &b| {
             (requests[a].plugin, requests[a].key)
                 .cmp(&(requests[b].plugin, requests[b].key))
                 .then(a.cmp(&b))
         });
-        let rest = async {
-            let mut tx = conn.begin().await?;
-            for i in order {
-                let r = &requests[i];
-                let inserted = sqlx::query(include_str!("../../queries/postgres/claim_insert.sql"))
-                    .bind(r.plugin)
-                    .bind(r.key)
-                    .bind(r.msg_id)
-                    .bind(r.payload_hash)
-                    .bind(r.owner)
-                    .bind(now + r.lease_ms)
-                    .bind(r.plugin_version)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                if inserted.is_some() {
-                    out[i] = first.clone();
-                    continue;
-                }
-                let row = sqlx::query(include_str!("../../queries/postgres/claim_lock.sql"))
-                    .bind(r.plugin)
-                    .bind(r.key)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                let hash: String = row.try_get("payload_hash")?;
-                let state: String = row.try_get("state")?;
-                let fence: i64 = row.try_get("fence")?;
-                let attempts: i32 = row.try_get("attempts")?;
-                let last_error: Option<String> = row.try_get("last_error")?;
-                let created_at: i64 = row.try_get("created_at")?;
-                let stored = Stored {
-                    payload_hash: &hash,
-                    state: super::sql_admin::state(&state)?,
-                    lease_until: row.try_get("lease_until")?,
-                    not_before: row.try_get("not_before")?,
-                    attempts: i64::from(attempts),
-                    last_error: last_error.as_deref(),
-                };
-                let outcome = match decide(&stored, r, now) {
-                    Decision::Answer(outcome) => outcome,
-                    Decision::Conflict(reason) => {
-                        insert_dead_letter(
-                            &mut tx,
-                            r.plugin,
-                            r.key,
-                            r.msg_id,
-                            r.headers,
-                            r.payload,
-                            &reason,
-                            0,
-                            Some(r.plugin_version),
-                            now,
-                            now,
-                        )
-                        .await?;
-                        ClaimOutcome::Conflict
-                    }
-                    Decision::Exhaust(reason) => {
-                        let retired: i64 = sqlx::query_scalar(include_str!("../../queries/postgres/claim_mark_dead_any.sql"))
-                            .bind(r.plugin)
-                            .bind(r.key)
-                            .bind(&reason)
-                            .bind(now)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                        insert_dead_letter(
-                            &mut tx,
-                            r.plugin,
-                            r.key,
-                            r.msg_id,
-                            r.headers,
-                            r.payload,
-                            &reason,
-                            attempts,
-                            Some(r.plugin_version),
-                            created_at,
-                            now,
-                        )
-                        .await?;
-                        ClaimOutcome::Exhausted {
-                            attempts: attempts as u32,
-                            fence: retired,
-                        }
-                    }
-                    Decision::TakeOver => {
-                        let row = sqlx::query(include_str!("../../queries/postgres/claim_takeover.sql"))
-                            .bind(r.plugin)
-                            .bind(r.key)
-                            .bind(fence)
-                            .bind(r.owner)
-                            .bind(now + r.lease_ms)
-                            .bind(r.plugin_version)
-                            .bind(now)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                        ClaimOutcome::Acquired {
-                            fence: row.try_get("fence")?,
-                            attempt: row.try_get::<i32, _>("attempts")? as u32,
-                            traps: row.try_get::<i32, _>("traps")? as u32,
-                        }
-                    }
-                };
-                out[i] = outcome;
-            }
-            tx.commit().await?;
-            Ok::<_, ClaimError>(())
-        }
-        .await;
+        let rest = decide_rest(&mut conn, requests, order, &mut out, now).await;
         if let Err(e) = rest {
             drop(conn);
             self.withdraw(requests, &fresh, now).await;
