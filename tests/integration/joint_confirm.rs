@@ -273,3 +273,101 @@ async fn a_group_commit_and_a_claim_transaction_lock_claim_rows_in_one_order() {
     pool.close().await;
     s.cleanup().await;
 }
+
+/// A batch's new keys go in in byte order whatever the database's
+/// collation, the order in which a claim transaction takes keys one by one,
+/// so the two queue behind each other. Here the database sorts "a" before
+/// "B" (an English locale), bytes "B" first: a transaction holding a new
+/// "B" and then inserting "a" would deadlock with a batch statement that
+/// inserted "a" first and waits for "B" (one of the two aborted after
+/// Postgres's deadlock timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_new_claims_takes_keys_in_byte_order_whatever_the_collation() {
+    use std::time::Duration;
+    let base = crate::common::services::postgres();
+    let admin = sqlx::PgPool::connect(&base).await.unwrap();
+    let ns = crate::common::unique_namespace("collate");
+    let database = ns.to_lowercase();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE \"{database}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let (server, _) = base.split_once('?').unwrap_or((&base, ""));
+    let url = format!("{}/{database}", server.rsplit_once('/').expect("a database in the URL").0);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = idem_host::config::Config {
+        namespace: ns.clone(),
+        ..Default::default()
+    };
+    config.database.path = dir.path().join("idem.db");
+    config.claims = idem_host::config::StoreConfig {
+        kind: StoreKind::Postgres,
+        url: Some(url.clone()),
+        max_connections: 2,
+    };
+    let claims = idem_host::backend::open(&config).await.unwrap().claims;
+    let pool = idem_host::backend::open_postgres(&url, &ns, 2, "claims").await.unwrap();
+    let english: Vec<String> = sqlx::query_scalar("SELECT k FROM (VALUES ('a'), ('B')) AS t(k) ORDER BY k")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(english, ["a", "B"], "the database under test sorts \"a\" first");
+
+    let payload = b"{}";
+    let hash = payload_hash(payload);
+    let insert = |key: &str| {
+        format!(
+            "INSERT INTO claims (plugin, key, msg_id, payload_hash, state, fence, owner, lease_until, attempts, plugin_version, created_at, updated_at) \
+             VALUES ('p', '{key}', '{key}', '{hash}', 'running', 1, 'other', 9000000000000, 1, 'v1', 1, 1)"
+        )
+    };
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(insert("B"))).execute(&mut *holder).await.unwrap();
+    let batch = {
+        let claims = claims.clone();
+        let hash = hash.clone();
+        tokio::spawn(async move {
+            claims
+                .claim(&[request("a", &hash, payload, 5), request("B", &hash, payload, 5)], 1_000_000)
+                .await
+        })
+    };
+    let app = format!("idem {ns}");
+    let watcher = pool.clone();
+    crate::common::wait_until(Duration::from_secs(10), "the batch statement waiting for the held \"B\"", || {
+        let watcher = watcher.clone();
+        let app = app.clone();
+        async move {
+            let waiting: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'")
+                    .bind(app)
+                    .fetch_one(&watcher)
+                    .await
+                    .unwrap();
+            waiting >= 1
+        }
+    })
+    .await;
+    let second = sqlx::query(sqlx::AssertSqlSafe(insert("a"))).execute(&mut *holder).await;
+    assert!(
+        second.is_ok(),
+        "the transaction inserting \"a\" after \"B\" was aborted: {second:?}"
+    );
+    holder.commit().await.unwrap();
+    let out = batch
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the batch statement was aborted: {e}"));
+    assert!(
+        out.iter().all(|o| matches!(o, ClaimOutcome::Busy { .. })),
+        "both keys are held by the other owner: {out:?}"
+    );
+    pool.close().await;
+    drop(claims);
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
+        .execute(&admin)
+        .await
+        .unwrap();
+}

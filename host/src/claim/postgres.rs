@@ -4,11 +4,12 @@
 //! statement, committed on its own (a batch of first deliveries is one
 //! round trip); the rest are then locked (`FOR UPDATE`) and decided one by
 //! one in a transaction, and if that fails the new claims are withdrawn.
-//! Both go in key order. Every statement or transaction
-//! that locks several claim rows does so in key order (claims, extensions,
-//! confirms, dead letters, and the data store's group commit, which locks
-//! the rows it writes under and confirms in one pass), so any two of them
-//! queue behind each other instead of deadlocking.
+//! Both go in key order. Every statement or transaction that locks several
+//! claim rows does so in one key order, the bytes of (plugin, key) whatever
+//! the database's collation (claims, extensions, confirms, dead letters,
+//! and the data store's group commit, which locks the rows it writes under
+//! and confirms in one pass), so any two of them queue behind each other
+//! instead of deadlocking.
 
 use std::collections::{HashMap, HashSet};
 
