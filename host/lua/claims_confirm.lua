@@ -17,7 +17,7 @@ for i = 2, #KEYS - 1 do
   local fence, result = ARGV[2 * (i - 1)], ARGV[2 * (i - 1) + 1]
   local c = redis.call('HMGET', KEYS[i], 'fence', 'state')
   if c[1] and tonumber(c[1]) == tonumber(fence) and c[2] == 'running' then
-    redis.call('HSET', KEYS[i], 'state', 'done', 'owner', '', 'lease_until', 0, 'last_error', '', 'updated_at', ARGV[1], 'result', result)
+    redis.call('HSET', KEYS[i], 'state', 'done', 'owner', '', 'lease_until', '0', 'last_error', '', 'updated_at', ARGV[1], 'result', result)
     index[#index + 1] = ARGV[1]
     index[#index + 1] = KEYS[i]
     out[i - 1] = 1

@@ -161,7 +161,7 @@ impl ClaimStore for RedisClaims {
                 .arg(r.msg_id)
                 .arg(r.payload_hash)
                 .arg(r.owner)
-                .arg(r.lease_ms)
+                .arg(now + r.lease_ms)
                 .arg(r.max_attempts)
                 .arg(r.plugin_version)
                 .arg(serde_json::to_string(r.headers).unwrap_or_else(|_| "[]".into()))
