@@ -59,6 +59,25 @@ async fn stored(s: &Served, keys: &[&str]) -> Vec<Option<Vec<u8>>> {
     s.backends.claims.results(&keys).await.unwrap()
 }
 
+/// Wait until one of namespace `ns`'s connections waits for a row lock.
+async fn waiting_for_a_lock(pool: &sqlx::PgPool, ns: &str, what: &str) {
+    let app = format!("idem {ns}");
+    crate::common::wait_until(std::time::Duration::from_secs(10), what, || {
+        let pool = pool.clone();
+        let app = app.clone();
+        async move {
+            let waiting: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'")
+                    .bind(app)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            waiting >= 1
+        }
+    })
+    .await;
+}
+
 /// The statements themselves: a batch of upserts with confirms (one
 /// statement), a batch of every kind with confirms (one more statement in
 /// its transaction), confirms alone, and a batch whose transaction fails as
@@ -222,7 +241,6 @@ async fn the_group_commit_answers_confirms_beside_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_commit_and_a_claim_transaction_lock_claim_rows_in_one_order() {
     use std::sync::Arc;
-    use std::time::Duration;
     let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
     claimed(&s, &["d1", "d2", "e1", "e2", "x"], "x").await;
     let ns = s.config.namespace.clone();
@@ -243,22 +261,7 @@ async fn a_group_commit_and_a_claim_transaction_lock_claim_rows_in_one_order() {
             let c = confirm(first, 1, b"r");
             tokio::spawn(async move { data.write_batch_confirming(&[w], &[c], 4_000_000).await })
         };
-        let watcher = pool.clone();
-        let app = format!("idem {ns}");
-        crate::common::wait_until(Duration::from_secs(10), "the group commit waiting for the held claim row", || {
-            let watcher = watcher.clone();
-            let app = app.clone();
-            async move {
-                let waiting: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'")
-                        .bind(app)
-                        .fetch_one(&watcher)
-                        .await
-                        .unwrap();
-                waiting >= 1
-            }
-        })
-        .await;
+        waiting_for_a_lock(&pool, &ns, "the group commit waiting for the held claim row").await;
         let second_lock = sqlx::query(sqlx::AssertSqlSafe(lock(second))).execute(&mut *holder).await;
         assert!(second_lock.is_ok(), "{second}: the claim transaction was aborted: {second_lock:?}");
         holder.commit().await.unwrap();
@@ -283,7 +286,6 @@ async fn a_group_commit_and_a_claim_transaction_lock_claim_rows_in_one_order() {
 /// Postgres's deadlock timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_new_claims_takes_keys_in_byte_order_whatever_the_collation() {
-    use std::time::Duration;
     let base = crate::common::services::postgres();
     let admin = sqlx::PgPool::connect(&base).await.unwrap();
     let ns = crate::common::unique_namespace("collate");
@@ -334,22 +336,7 @@ async fn a_batch_of_new_claims_takes_keys_in_byte_order_whatever_the_collation()
                 .await
         })
     };
-    let app = format!("idem {ns}");
-    let watcher = pool.clone();
-    crate::common::wait_until(Duration::from_secs(10), "the batch statement waiting for the held \"B\"", || {
-        let watcher = watcher.clone();
-        let app = app.clone();
-        async move {
-            let waiting: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'")
-                    .bind(app)
-                    .fetch_one(&watcher)
-                    .await
-                    .unwrap();
-            waiting >= 1
-        }
-    })
-    .await;
+    waiting_for_a_lock(&pool, &ns, "the batch statement waiting for the held \"B\"").await;
     let second = sqlx::query(sqlx::AssertSqlSafe(insert("a"))).execute(&mut *holder).await;
     assert!(
         second.is_ok(),
