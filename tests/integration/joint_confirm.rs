@@ -3,7 +3,7 @@
 //! itself when the batch is upserts only), each still checked against its
 //! claim's fence, and answered per claim.
 
-use idem_host::claim::{ClaimOutcome, ClaimRef};
+use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest};
 use idem_host::config::StoreKind;
 use idem_host::envelope::payload_hash;
 use idem_host::store::postgres::{Fencing, PgData};
@@ -283,21 +283,26 @@ async fn a_group_commit_and_a_claim_transaction_lock_claim_rows_in_one_order() {
 /// "B" (an English locale), bytes "B" first: a transaction holding a new
 /// "B" and then inserting "a" would deadlock with a batch statement that
 /// inserted "a" first and waits for "B" (one of the two aborted after
-/// Postgres's deadlock timeout).
+/// Postgres's deadlock timeout). Once with two keys of one plugin, once
+/// with one key of two plugins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_new_claims_takes_keys_in_byte_order_whatever_the_collation() {
     let base = crate::common::services::postgres();
     let admin = sqlx::PgPool::connect(&base).await.unwrap();
     let ns = crate::common::unique_namespace("collate");
-    let database = ns.to_lowercase();
+    let scratch = ScratchDatabase {
+        base: base.clone(),
+        name: ns.to_lowercase(),
+    };
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE DATABASE \"{database}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        "CREATE DATABASE \"{}\" TEMPLATE template0 ENCODING 'UTF8' LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'",
+        scratch.name
     )))
     .execute(&admin)
     .await
     .unwrap();
-    let (server, _) = base.split_once('?').unwrap_or((&base, ""));
-    let url = format!("{}/{database}", server.rsplit_once('/').expect("a database in the URL").0);
+    admin.close().await;
+    let url = scratch.url();
     let dir = tempfile::tempdir().unwrap();
     let mut config = idem_host::config::Config {
         namespace: ns.clone(),
@@ -319,42 +324,90 @@ async fn a_batch_of_new_claims_takes_keys_in_byte_order_whatever_the_collation()
 
     let payload = b"{}";
     let hash = payload_hash(payload);
-    let insert = |key: &str| {
-        format!(
-            "INSERT INTO claims (plugin, key, msg_id, payload_hash, state, fence, owner, lease_until, attempts, plugin_version, created_at, updated_at) \
-             VALUES ('p', '{key}', '{key}', '{hash}', 'running', 1, 'other', 9000000000000, 1, 'v1', 1, 1)"
-        )
-    };
-    let mut holder = pool.begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(insert("B"))).execute(&mut *holder).await.unwrap();
-    let batch = {
-        let claims = claims.clone();
-        let hash = hash.clone();
-        tokio::spawn(async move {
-            claims
-                .claim(&[request("a", &hash, payload, 5), request("B", &hash, payload, 5)], 1_000_000)
-                .await
-        })
-    };
-    waiting_for_a_lock(&pool, &ns, "the batch statement waiting for the held \"B\"").await;
-    let second = sqlx::query(sqlx::AssertSqlSafe(insert("a"))).execute(&mut *holder).await;
-    assert!(
-        second.is_ok(),
-        "the transaction inserting \"a\" after \"B\" was aborted: {second:?}"
-    );
-    holder.commit().await.unwrap();
-    let out = batch
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("the batch statement was aborted: {e}"));
-    assert!(
-        out.iter().all(|o| matches!(o, ClaimOutcome::Busy { .. })),
-        "both keys are held by the other owner: {out:?}"
-    );
+    // (plugin, key) of the claim first in English, then of the one first in bytes.
+    for [english_first, bytes_first] in [[("p", "a"), ("p", "B")], [("a", "k"), ("B", "k")]] {
+        let insert = |(plugin, key): (&str, &str)| {
+            format!(
+                "INSERT INTO claims (plugin, key, msg_id, payload_hash, state, fence, owner, lease_until, attempts, plugin_version, created_at, updated_at) \
+                 VALUES ('{plugin}', '{key}', '{key}', '{hash}', 'running', 1, 'other', 9000000000000, 1, 'v1', 1, 1)"
+            )
+        };
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(insert(bytes_first)))
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let batch = {
+            let claims = claims.clone();
+            let hash = hash.clone();
+            tokio::spawn(async move {
+                let of = |(plugin, key): (&'static str, &'static str)| ClaimRequest {
+                    plugin,
+                    ..request(key, &hash, payload, 5)
+                };
+                claims.claim(&[of(english_first), of(bytes_first)], 1_000_000).await
+            })
+        };
+        waiting_for_a_lock(&pool, &ns, &format!("the batch statement waiting for the held {bytes_first:?}")).await;
+        let second = sqlx::query(sqlx::AssertSqlSafe(insert(english_first))).execute(&mut *holder).await;
+        assert!(
+            second.is_ok(),
+            "the transaction inserting {english_first:?} after {bytes_first:?} was aborted: {second:?}"
+        );
+        holder.commit().await.unwrap();
+        let out = batch
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the batch statement of {english_first:?} and {bytes_first:?} was aborted: {e}"));
+        assert!(
+            out.iter().all(|o| matches!(o, ClaimOutcome::Busy { .. })),
+            "both claims are held by the other owner: {out:?}"
+        );
+    }
     pool.close().await;
     drop(claims);
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE \"{database}\" WITH (FORCE)")))
-        .execute(&admin)
-        .await
-        .unwrap();
+}
+
+/// A database of its own, dropped with this value, also when the test
+/// fails before its end.
+struct ScratchDatabase {
+    /// The URL of the server's usual database.
+    base: String,
+    name: String,
+}
+
+impl ScratchDatabase {
+    /// `base` with this database in its path (its query kept).
+    fn url(&self) -> String {
+        let (server, query) = match self.base.split_once('?') {
+            Some((server, query)) => (server, format!("?{query}")),
+            None => (self.base.as_str(), String::new()),
+        };
+        let authority = server.find("://").map_or(0, |i| i + 3);
+        let path = server[authority..].find('/').map_or(server.len(), |i| authority + i);
+        format!("{}/{}{query}", &server[..path], self.name)
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        let (base, name) = (self.base.clone(), self.name.clone());
+        // Dropped inside the test's runtime: the drop gets a thread and a
+        // runtime of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let admin = sqlx::PgPool::connect(&base).await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+                    .execute(&admin)
+                    .await?;
+                admin.close().await;
+                Ok::<(), sqlx::Error>(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) && !std::thread::panicking() {
+            panic!("cannot drop the test database {:?}: {dropped:?}", self.name);
+        }
+    }
 }
