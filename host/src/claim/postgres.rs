@@ -99,6 +99,33 @@ async fn insert_new_keys<'a>(conn: &mut PgConnection, requests: &[ClaimRequest<'
     Ok(acquired)
 }
 
+/// Dead-letter the message of claim request `r`, first seen at
+/// `first_seen_at`, after `attempts` attempts.
+async fn dead_letter_of(
+    conn: &mut PgConnection,
+    r: &ClaimRequest<'_>,
+    reason: &str,
+    attempts: i32,
+    first_seen_at: i64,
+    now: i64,
+) -> Result<(), ClaimError> {
+    let version = Some(r.plugin_version);
+    insert_dead_letter(
+        conn,
+        r.plugin,
+        r.key,
+        r.msg_id,
+        r.headers,
+        r.payload,
+        reason,
+        attempts,
+        version,
+        first_seen_at,
+        now,
+    )
+    .await
+}
+
 /// Lock and decide, one by one in one transaction, the requests of a
 /// batch (`order`, in key order) that its first statement did not claim:
 /// keys that exist (redeliveries) and repeats within the batch.
@@ -149,20 +176,7 @@ async fn decide_rest(
         let outcome = match decide(&stored, r, now) {
             Decision::Answer(outcome) => outcome,
             Decision::Conflict(reason) => {
-                insert_dead_letter(
-                    &mut tx,
-                    r.plugin,
-                    r.key,
-                    r.msg_id,
-                    r.headers,
-                    r.payload,
-                    &reason,
-                    0,
-                    Some(r.plugin_version),
-                    now,
-                    now,
-                )
-                .await?;
+                dead_letter_of(&mut tx, r, &reason, 0, now, now).await?;
                 ClaimOutcome::Conflict
             }
             Decision::Exhaust(reason) => {
@@ -173,20 +187,7 @@ async fn decide_rest(
                     .bind(now)
                     .fetch_one(&mut *tx)
                     .await?;
-                insert_dead_letter(
-                    &mut tx,
-                    r.plugin,
-                    r.key,
-                    r.msg_id,
-                    r.headers,
-                    r.payload,
-                    &reason,
-                    attempts,
-                    Some(r.plugin_version),
-                    created_at,
-                    now,
-                )
-                .await?;
+                dead_letter_of(&mut tx, r, &reason, attempts, created_at, now).await?;
                 ClaimOutcome::Exhausted {
                     attempts: attempts as u32,
                     fence: retired,
