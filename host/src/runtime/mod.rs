@@ -111,7 +111,8 @@ impl Default for RuntimeOptions {
 #[derive(Clone, Copy)]
 enum Reset {
     /// Scan for the pages written and copy back only those, keeping up to
-    /// 4 MiB resident per slot.
+    /// 4 MiB resident per slot, however many separate runs they make (the
+    /// reset of wasmtime 48.0.11: see vendor/README.md).
     PageMapScan,
     /// Reset the first 256 KiB with a memset and decommit the rest.
     Prefix,
