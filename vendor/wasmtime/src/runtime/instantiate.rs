@@ -25,6 +25,11 @@ pub struct CompiledModule {
     index: Arc<CompiledFunctionsTable>,
     /// Sorted list, by function index, of names we have for this module.
     func_names: Vec<FunctionName>,
+    /// Where each defined function's body and array-to-Wasm trampoline
+    /// lie, by `DefinedFuncIndex`, looked up in `index` once here: every
+    /// instance builds function references from these, and each look-up
+    /// in `index` is two binary searches.
+    defined_locs: Vec<(Option<FunctionLoc>, Option<FunctionLoc>)>,
 }
 
 impl CompiledModule {
@@ -51,6 +56,21 @@ impl CompiledModule {
         index: Arc<CompiledFunctionsTable>,
         profiler: &dyn ProfilingAgent,
     ) -> Result<Self> {
+        let module_index = info.module.module_index;
+        let defined_locs = info
+            .module
+            .defined_func_indices()
+            .map(|i| {
+                (
+                    index
+                        .func_loc(FuncKey::DefinedWasmFunction(module_index, i))
+                        .copied(),
+                    index
+                        .func_loc(FuncKey::ArrayToWasmTrampoline(module_index, i))
+                        .copied(),
+                )
+            })
+            .collect();
         let mut ret = Self {
             unique_id: CompiledModuleId::new(),
             engine_code,
@@ -58,6 +78,7 @@ impl CompiledModule {
             meta: info.meta,
             index,
             func_names: info.func_names,
+            defined_locs,
         };
         ret.register_profiling(profiler)?;
 
@@ -167,9 +188,24 @@ impl CompiledModule {
 
     /// Gets the function location information for a given function index.
     pub fn func_loc(&self, key: FuncKey) -> &FunctionLoc {
-        self.index
-            .func_loc(key)
-            .expect("defined function should be present")
+        let cached = match key {
+            FuncKey::DefinedWasmFunction(module, i) if module == self.module_index() => self
+                .defined_locs
+                .get(i.as_u32() as usize)
+                .and_then(|(body, _)| body.as_ref()),
+            FuncKey::ArrayToWasmTrampoline(module, i) if module == self.module_index() => self
+                .defined_locs
+                .get(i.as_u32() as usize)
+                .and_then(|(_, trampoline)| trampoline.as_ref()),
+            _ => None,
+        };
+        match cached {
+            Some(loc) => loc,
+            None => self
+                .index
+                .func_loc(key)
+                .expect("defined function should be present"),
+        }
     }
 
     /// Returns the original binary offset in the file that `index` was defined
