@@ -125,12 +125,14 @@ async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_aga
     })
     .await;
     let new = *replaced.iter().find(|p| **p != workers[1]).unwrap();
-    assert_eq!(cpus_of(new), cpus[0], "the new process takes the killed one's CPU");
     let restarted = format!("worker process {killed} was killed by signal 9; starting it again");
     assert!(log(&log_path).contains(&restarted), "{}", log(&log_path));
+    // The child pins itself between fork and exec, so it can be listed
+    // before it is pinned: its CPU is read once it has reported ready.
+    wait_for_log(&log_path, &format!("worker process {killed} ready"), 2).await;
+    assert_eq!(cpus_of(new), cpus[0], "the new process takes the killed one's CPU");
 
     // SIGHUP reaches every worker process.
-    wait_for_log(&log_path, &format!("worker process {killed} ready"), 2).await;
     signal(pid, "-HUP");
     wait_for_log(&log_path, "SIGHUP: reloading the configuration and the plugins", 2).await;
 
