@@ -83,21 +83,6 @@ pub fn pkey_mprotect(addr: usize, len: usize, prot: u32, key: u32) -> Result<()>
 mod tests {
     use super::*;
 
-    #[ignore = "cannot be run when keys() has already allocated all keys"]
-    #[test]
-    fn check_allocate_and_free() {
-        let key = pkey_alloc(0, 0).unwrap();
-        assert_eq!(key, 1);
-        // It may seem strange to assert the key ID here, but we already
-        // make some assumptions:
-        //  1. we are running on Linux with `pku` enabled
-        //  2. Linux will allocate key 0 for itself
-        //  3. we are running this test in non-MPK mode and no one else is
-        //     using pkeys
-        // If these assumptions are incorrect, this test can be removed.
-        pkey_free(key).unwrap()
-    }
-
     #[test]
     fn check_invalid_free() {
         let result = pkey_free(42);
