@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::Args;
 use idem_host::config::Config;
 
+pub mod alloc;
 pub mod logging;
 pub mod plugin;
 
