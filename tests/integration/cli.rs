@@ -13,6 +13,22 @@ fn idem(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The allocator's one fixed option (host/src/cli/alloc.rs) is set by its
+/// index in mimalloc's option list; mimalloc's own report of its options
+/// names the option that index set, so a mimalloc whose list moved fails here.
+#[test]
+fn the_allocator_commits_arenas_as_used() {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("--version")
+        .env("MIMALLOC_VERBOSE", "1")
+        .env_remove("MIMALLOC_ARENA_EAGER_COMMIT")
+        .output()
+        .expect("run idem");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("option 'arena_eager_commit': 0"), "{err}");
+}
+
 #[test]
 fn plugin_check_accepts_an_example_plugin() {
     let path = plugin_dir().join("record_payment.wasm");
