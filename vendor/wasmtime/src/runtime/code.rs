@@ -401,26 +401,54 @@ impl Drop for StoreCode {
     }
 }
 
-/// A wrapper for a Module together with a StoreCode. Allows fetching
-/// code pointers, ready to call.
+/// A wrapper for a Module together with the text of its StoreCode. Allows
+/// fetching code pointers, ready to call.
 pub struct ModuleWithCode<'a> {
     module: &'a Module,
-    store_code: &'a StoreCode,
+    text: &'a [u8],
 }
 
 impl<'a> ModuleWithCode<'a> {
     /// Find the StoreCode in a given store for a module and wrap it
     /// up with that module, ready to compute code pointers.
+    ///
+    /// Idem's change: without the `debug` feature a store's code is always
+    /// the engine's own (`StoreCodeStorage::Shared`), so the text is taken
+    /// from the module's engine code rather than found through two B-tree
+    /// look-ups in the store's registry; every function reference an
+    /// instance builds comes through here.
     pub fn in_store(
         registry: &'a ModuleRegistry,
         module: &'a Module,
     ) -> Option<ModuleWithCode<'a>> {
-        let store_code = registry.store_code(module.engine_code())?;
-        Some(ModuleWithCode { module, store_code })
+        #[cfg(not(feature = "debug"))]
+        {
+            debug_assert!(
+                registry
+                    .store_code(module.engine_code())
+                    .is_some_and(|code| core::ptr::eq(code.text(), module.engine_code().text())),
+                "module not in store, or its store code is not the engine's"
+            );
+            Some(ModuleWithCode {
+                module,
+                text: module.engine_code().text(),
+            })
+        }
+        #[cfg(feature = "debug")]
+        {
+            let store_code = registry.store_code(module.engine_code())?;
+            Some(ModuleWithCode {
+                module,
+                text: store_code.text(),
+            })
+        }
     }
 
     pub(crate) fn from_raw(module: &'a Module, store_code: &'a StoreCode) -> ModuleWithCode<'a> {
-        ModuleWithCode { module, store_code }
+        ModuleWithCode {
+            module,
+            text: store_code.text(),
+        }
     }
 
     /// Provide the Module wrapped in this tuple.
@@ -433,6 +461,6 @@ impl<'a> ModuleWithCode<'a> {
     #[inline]
     pub fn function(&self, key: FuncKey) -> &[u8] {
         let range = self.module.compiled_module().function_range(key);
-        &self.store_code.text()[range]
+        &self.text[range]
     }
 }

@@ -960,47 +960,20 @@ impl Instance {
         // it's better for instantiation performance if we don't have to track
         // "is-initialized" state at all!
 
-        let module = self
-            .runtime_module()
-            .expect("funcref impossible in fake module");
+        let module_with_code = ModuleWithCode::in_store(
+            registry,
+            self.runtime_module()
+                .expect("funcref impossible in fake module"),
+        )
+        .expect("module not in store");
 
-        // Idem's change: without the `debug` feature a store's code is always
-        // the engine's own code (`StoreCodeStorage::Shared`), so the
-        // function's text is read from the module's engine code instead of
-        // being found through two B-tree look-ups in the store's module
-        // registry for every function reference an instance builds.
-        #[cfg(not(feature = "debug"))]
-        let (array_text, wasm_text) = {
-            debug_assert!(
-                ModuleWithCode::in_store(registry, module).is_some_and(|in_store| core::ptr::eq(
-                    in_store.function(wasm_key),
-                    &module.engine_code().text()[module.compiled_module().function_range(wasm_key)]
-                )),
-                "module not in store, or its store code is not the engine's"
-            );
-            let _ = registry;
-            let text = module.engine_code().text();
-            let compiled = module.compiled_module();
-            (
-                &text[compiled.function_range(array_to_wasm_key)],
-                &text[compiled.function_range(wasm_key)],
-            )
-        };
-        #[cfg(feature = "debug")]
-        let (array_text, wasm_text) = {
-            let module_with_code =
-                ModuleWithCode::in_store(registry, module).expect("module not in store");
-            (
-                module_with_code.function(array_to_wasm_key),
-                module_with_code.function(wasm_key),
-            )
-        };
-
-        let array_call = VmPtr::from(NonNull::from(array_text).cast());
+        let array_call =
+            VmPtr::from(NonNull::from(module_with_code.function(array_to_wasm_key)).cast());
 
         let wasm_call = Some(VmPtr::from(
             NonNull::new(
-                wasm_text
+                module_with_code
+                    .function(wasm_key)
                     .as_ptr()
                     .cast::<VMWasmCallFunction>()
                     .cast_mut(),
