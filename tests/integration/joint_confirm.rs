@@ -411,3 +411,46 @@ impl Drop for ScratchDatabase {
         }
     }
 }
+
+/// Forgetting swept claims' fencing tokens (claims held elsewhere) locks
+/// their rows in the order a group commit takes them: a transaction holding
+/// "k1" and then taking "k2", as a group commit writing both does, queues
+/// the forget behind it instead of deadlocking with it, whatever order the
+/// keys came in. (While the delete took rows in the order it found them,
+/// it held "k2" and waited for "k1", and Postgres aborted one side after
+/// `deadlock_timeout`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetting_fences_locks_them_in_the_group_commits_order() {
+    use std::sync::Arc;
+    let s = Served::open(StoreKind::Postgres, StoreKind::Postgres).await;
+    let ns = s.config.namespace.clone();
+    let pool = idem_host::backend::open_postgres(&crate::common::services::postgres(), &ns, 4, "data")
+        .await
+        .unwrap();
+    // Stored "k2" first: found first by a scan as well as by the keys' order.
+    sqlx::query("INSERT INTO fences (plugin, key, fence) VALUES ('p', 'k2', 3), ('p', 'k1', 3), ('p', 'kept', 3)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let data = Arc::new(PgData::new(pool.clone(), Fencing::Token));
+    let mut holder = pool.begin().await.unwrap();
+    let lock = |key: &str| format!("SELECT fence FROM fences WHERE plugin = 'p' AND key = '{key}' FOR UPDATE");
+    sqlx::query(sqlx::AssertSqlSafe(lock("k1"))).execute(&mut *holder).await.unwrap();
+    let forget = {
+        let data = data.clone();
+        tokio::spawn(async move { data.forget_fences(&[("p".into(), "k2".into()), ("p".into(), "k1".into())]).await })
+    };
+    waiting_for_a_lock(&pool, &ns, "the forget waiting for the held fence row").await;
+    let second_lock = sqlx::query(sqlx::AssertSqlSafe(lock("k2"))).execute(&mut *holder).await;
+    assert!(second_lock.is_ok(), "the group commit's side was aborted: {second_lock:?}");
+    holder.commit().await.unwrap();
+    let forgot = forget.await.unwrap();
+    assert!(forgot.is_ok(), "the forget was aborted: {forgot:?}");
+    let left: Vec<String> = sqlx::query_scalar("SELECT key FROM fences WHERE plugin = 'p' ORDER BY key")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["kept"]);
+    pool.close().await;
+    s.cleanup().await;
+}

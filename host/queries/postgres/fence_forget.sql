@@ -1,5 +1,13 @@
 -- Retention: drop the fencing tokens of claims the claim store swept, so a
--- key delivered again after the window starts over at fence 1.
+-- key delivered again after the window starts over at fence 1. The rows are
+-- locked first, in the order of (plugin, key) in which a group commit takes
+-- them (fence_batch_token.sql, kv_upsert_batch_token.sql), so the two queue
+-- behind each other instead of deadlocking.
 -- $1 plugins, $2 keys
-DELETE FROM fences f USING unnest($1::text[], $2::text[]) AS gone(plugin, key)
-WHERE f.plugin = gone.plugin AND f.key = gone.key
+WITH gone AS (
+    SELECT f.plugin, f.key FROM fences f
+    JOIN unnest($1::text[], $2::text[]) AS g(plugin, key) ON f.plugin = g.plugin AND f.key = g.key
+    ORDER BY f.plugin, f.key
+    FOR UPDATE OF f
+)
+DELETE FROM fences f USING gone WHERE f.plugin = gone.plugin AND f.key = gone.key
