@@ -117,6 +117,9 @@ pub fn migration_lock_path(db: &std::path::Path) -> std::path::PathBuf {
     std::path::PathBuf::from(name)
 }
 
+/// A pooled Postgres connection idle this long is tested before use.
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// Connect to Postgres, create the namespace's schema if needed, and apply
 /// the migrations inside it. `setting` names the config section for errors.
 pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, setting: &str) -> Result<PgPool> {
@@ -158,7 +161,22 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
             ("enable_seqscan", "off"),
         ])
         .application_name(&format!("idem {namespace}"));
+    // A connection that sat idle is tested (a round trip) before it is
+    // handed out, as the server may have closed it meanwhile; one in
+    // constant use is not: testing every acquire cost each group commit
+    // and claim batch a round trip of its own (BENCHMARKS.md, item 20). A
+    // connection broken while in use fails its statement, which is retried
+    // like any other failed write or claim.
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .max_connections(max_connections.max(2))
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)

@@ -290,3 +290,73 @@ async fn shutdown_hands_back_a_delivery_running_unguarded() {
     broker.ack(&refs).await.unwrap();
     crate::pool::cleanup(&config).await;
 }
+
+/// A pooled Postgres connection the server closed while it sat idle is
+/// found broken before it is handed out, and replaced: the next write,
+/// claim and read after the idle second succeed on the first try. (Pooled
+/// connections in constant use are not tested on each use, see
+/// `idem_host::backend::PING_AFTER_IDLE`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_closed_while_idle_are_replaced_before_use() {
+    use idem_host::claim::ClaimRef;
+    use idem_host::store::{Write, WriteOp};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = idem_host::config::Config {
+        namespace: crate::common::unique_namespace("idle"),
+        ..Default::default()
+    };
+    config.database.path = dir.path().join("idem.db");
+    for store in [&mut config.claims, &mut config.data] {
+        *store = StoreConfig {
+            kind: StoreKind::Postgres,
+            url: Some(services::postgres()),
+            max_connections: 2,
+        };
+    }
+    let backends = idem_host::backend::open(&config).await.unwrap();
+    let hash = idem_host::envelope::payload_hash(b"{}");
+    async fn claim(backends: &idem_host::backend::Backends, hash: &str, key: &str) -> ClaimRef {
+        let out = backends
+            .claims
+            .claim(&[crate::conformance::request(key, hash, b"{}", 5)], backends.clock.now_ms())
+            .await
+            .unwrap();
+        match out[0] {
+            idem_host::claim::ClaimOutcome::Acquired { fence, .. } => ClaimRef {
+                plugin: "p".into(),
+                key: key.into(),
+                fence,
+            },
+            ref other => panic!("{key}: {other:?}"),
+        }
+    }
+    let write = |claim: ClaimRef, value: &'static [u8]| Write {
+        claim,
+        collection: "idle".into(),
+        key: "row".into(),
+        op: WriteOp::Upsert(value.to_vec()),
+    };
+    let first = claim(&backends, &hash, "k1").await;
+    backends.data.write_many(&[write(first, b"1")]).await.remove(0).unwrap();
+
+    let admin = sqlx::PgPool::connect(&services::postgres()).await.unwrap();
+    let application = format!("idem {}", config.namespace);
+    let terminated: i64 = sqlx::query_scalar(
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(&application)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert!(terminated > 0, "the pools' connections were found by application_name");
+    // What is tested here is idleness itself: the pools' connections sit
+    // unused for longer than the threshold.
+    tokio::time::sleep(idem_host::backend::PING_AFTER_IDLE + Duration::from_millis(200)).await;
+
+    let second = claim(&backends, &hash, "k2").await;
+    let written = backends.data.write_many(&[write(second, b"2")]).await.remove(0);
+    assert!(written.is_ok(), "{written:?}");
+    assert_eq!(backends.data.get("idle", "row").await.unwrap(), Some(b"2".to_vec()));
+    admin.close().await;
+    crate::pool::cleanup(&config).await;
+}
