@@ -109,6 +109,18 @@ async fn claim_store_outage_with_reject_loses_nothing_and_doubles_nothing() {
     crate::pool::cleanup(&config).await;
 }
 
+/// Have the server terminate every connection of `application` (a
+/// deployment's application name); how many it terminated.
+async fn terminate_connections(admin: &sqlx::PgPool, application: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(application)
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
 /// The server terminates every Postgres connection of the pool mid-run;
 /// the workers reconnect and finish, nothing lost or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,14 +157,7 @@ async fn postgres_connections_terminated_mid_run_are_survived() {
                 .unwrap_or(false)
         })
         .await;
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
-        )
-        .bind(&application)
-        .fetch_one(&admin)
-        .await
-        .unwrap();
-        terminated += n;
+        terminated += terminate_connections(&admin, &application).await;
     }
     assert!(terminated > 0, "the pool's connections were found by application_name");
     wait_until(Duration::from_secs(120), "the queue to drain", || drained(&pool, MESSAGES as u64)).await;
@@ -341,13 +346,7 @@ async fn postgres_connections_closed_while_idle_are_replaced_before_use() {
 
     let admin = sqlx::PgPool::connect(&services::postgres()).await.unwrap();
     let application = format!("idem {}", config.namespace);
-    let terminated: i64 = sqlx::query_scalar(
-        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
-    )
-    .bind(&application)
-    .fetch_one(&admin)
-    .await
-    .unwrap();
+    let terminated = terminate_connections(&admin, &application).await;
     assert!(terminated > 0, "the pools' connections were found by application_name");
     // What is tested here is idleness itself: the pools' connections sit
     // unused for longer than the threshold.
