@@ -161,12 +161,15 @@ pub async fn open_postgres(url: &str, namespace: &str, max_connections: u32, set
             ("enable_seqscan", "off"),
         ])
         .application_name(&format!("idem {namespace}"));
-    // A connection that sat idle is tested (a round trip) before it is
-    // handed out, as the server may have closed it meanwhile; one in
-    // constant use is not: testing every acquire cost each group commit
-    // and claim batch a round trip of its own (BENCHMARKS.md, item 20). A
-    // connection broken while in use fails its statement, which is retried
-    // like any other failed write or claim.
+    // sqlx tests a connection with a round trip when it goes back to the
+    // pool (closing it if that fails) and, by default, again when it is
+    // handed out. The second test is made only for a connection that sat
+    // idle a second or more, as the server may have closed it meanwhile:
+    // it cost each group commit and claim batch a round trip of its own
+    // (BENCHMARKS.md, item 20). A connection that breaks within a second
+    // of its last use fails its next statement: a batch of writes is then
+    // written item by item on other connections; a claim batch meets an
+    // outage, decided by `worker.outage_policy` as when the store is down.
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {

@@ -427,7 +427,8 @@ async fn forgetting_fences_locks_them_in_the_group_commits_order() {
     let pool = idem_host::backend::open_postgres(&crate::common::services::postgres(), &ns, 4, "data")
         .await
         .unwrap();
-    // Stored "k2" first: found first by a scan as well as by the keys' order.
+    // The keys come as "k2", "k1": a statement that locks rows in the order
+    // it is given them takes "k2" first.
     sqlx::query("INSERT INTO fences (plugin, key, fence) VALUES ('p', 'k2', 3), ('p', 'k1', 3), ('p', 'kept', 3)")
         .execute(&pool)
         .await

@@ -297,10 +297,11 @@ async fn shutdown_hands_back_a_delivery_running_unguarded() {
 }
 
 /// A pooled Postgres connection the server closed while it sat idle is
-/// found broken before it is handed out, and replaced: the next write,
-/// claim and read after the idle second succeed on the first try. (Pooled
-/// connections in constant use are not tested on each use, see
-/// `idem_host::backend::PING_AFTER_IDLE`.)
+/// found broken before it is handed out, and replaced: the first claim
+/// after the idle second succeeds (a claim batch is not retried: a broken
+/// connection would make it an outage), and so do the write and the read
+/// after it. (A connection is tested before use only after it sat idle,
+/// see `idem_host::backend::PING_AFTER_IDLE`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_closed_while_idle_are_replaced_before_use() {
     use idem_host::claim::ClaimRef;
@@ -347,8 +348,8 @@ async fn postgres_connections_closed_while_idle_are_replaced_before_use() {
     let admin = sqlx::PgPool::connect(&services::postgres()).await.unwrap();
     let application = format!("idem {}", config.namespace);
     let terminated = terminate_connections(&admin, &application).await;
-    assert!(terminated > 0, "the pools' connections were found by application_name");
-    // What is tested here is idleness itself: the pools' connections sit
+    assert!(terminated > 0, "the deployment's connections were found by application_name");
+    // What is tested here is idleness itself: the pooled connections sit
     // unused for longer than the threshold.
     tokio::time::sleep(idem_host::backend::PING_AFTER_IDLE + Duration::from_millis(200)).await;
 

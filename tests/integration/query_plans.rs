@@ -215,9 +215,10 @@ async fn postgres_hot_path_statements_find_claims_by_primary_key() {
     s.cleanup().await;
 }
 
-/// The data store's batch reads and deletes, prepared on the pool's own
-/// connection while `kv` is empty (the generic plan each connection keeps is
-/// made then), then explained with 40,000 rows in the table: each looks its
+/// The data store's batch reads and deletes, and retention's forgetting of
+/// fencing tokens, prepared on the pool's own connection while `kv` and
+/// `fences` are empty (the generic plan each connection keeps is made
+/// then), then explained with 40,000 rows in each table: each looks its
 /// keys up in the primary key. Upserts and unique inserts reach rows through
 /// `ON CONFLICT`, which always uses it. Fails with sequential scans allowed
 /// (a plan made for the empty table reads it whole).
@@ -230,6 +231,7 @@ async fn postgres_data_batches_find_rows_by_primary_key() {
     let statements = [
         ("kv_get_many", include_str!("../../host/queries/postgres/kv_get_many.sql")),
         ("kv_delete_many", include_str!("../../host/queries/postgres/kv_delete_many.sql")),
+        ("fence_forget", include_str!("../../host/queries/postgres/fence_forget.sql")),
     ];
     for (name, sql) in statements {
         prepare_on_empty(&mut conn, name, sql, &args(64)).await;
@@ -239,9 +241,18 @@ async fn postgres_data_batches_find_rows_by_primary_key() {
         .await
         .unwrap();
 
+    sqlx::query("INSERT INTO fences (plugin, key, fence) SELECT 'c', 'k' || g, 1 FROM generate_series(0, 39999) g")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     for n in [64, 256] {
-        for (name, _) in statements {
-            assert_looks_up(&mut conn, name, &args(n), "kv", "kv_pkey", &format!("{n} keys")).await;
+        for (name, sql) in statements {
+            let (table, index) = if sql.contains("fences") {
+                ("fences", "fences_pkey")
+            } else {
+                ("kv", "kv_pkey")
+            };
+            assert_looks_up(&mut conn, name, &args(n), table, index, &format!("{n} keys")).await;
         }
     }
     drop(conn);
