@@ -228,30 +228,40 @@ async fn postgres_data_batches_find_rows_by_primary_key() {
     let mut conn = pool.acquire().await.unwrap();
     let keys: Vec<String> = (0..256).map(|i| format!("k{i}")).collect();
     let args = |n: usize| format!("{}, {}", literal(&vec!["c".to_string(); n]), literal(&keys[..n]));
+    // Each statement, the table it reaches and the primary key it must use.
     let statements = [
-        ("kv_get_many", include_str!("../../host/queries/postgres/kv_get_many.sql")),
-        ("kv_delete_many", include_str!("../../host/queries/postgres/kv_delete_many.sql")),
-        ("fence_forget", include_str!("../../host/queries/postgres/fence_forget.sql")),
+        (
+            "kv_get_many",
+            include_str!("../../host/queries/postgres/kv_get_many.sql"),
+            "kv",
+            "kv_pkey",
+        ),
+        (
+            "kv_delete_many",
+            include_str!("../../host/queries/postgres/kv_delete_many.sql"),
+            "kv",
+            "kv_pkey",
+        ),
+        (
+            "fence_forget",
+            include_str!("../../host/queries/postgres/fence_forget.sql"),
+            "fences",
+            "fences_pkey",
+        ),
     ];
-    for (name, sql) in statements {
+    for (name, sql, _, _) in statements {
         prepare_on_empty(&mut conn, name, sql, &args(64)).await;
     }
     sqlx::query("INSERT INTO kv (collection, key, value, updated_at) SELECT 'c', 'k' || g, '\\x76', 0 FROM generate_series(0, 39999) g")
         .execute(&mut *conn)
         .await
         .unwrap();
-
     sqlx::query("INSERT INTO fences (plugin, key, fence) SELECT 'c', 'k' || g, 1 FROM generate_series(0, 39999) g")
         .execute(&mut *conn)
         .await
         .unwrap();
     for n in [64, 256] {
-        for (name, sql) in statements {
-            let (table, index) = if sql.contains("fences") {
-                ("fences", "fences_pkey")
-            } else {
-                ("kv", "kv_pkey")
-            };
+        for (name, _, table, index) in statements {
             assert_looks_up(&mut conn, name, &args(n), table, index, &format!("{n} keys")).await;
         }
     }
