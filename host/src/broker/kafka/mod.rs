@@ -64,6 +64,11 @@ use super::{Broker, BrokerError, Semantics, Visibility};
 use crate::config::KafkaOrdering;
 use crate::envelope::{Delivery, Envelope};
 
+/// The longest a fetch waits on a quiet partition, in ms: librdkafka's
+/// default, 500 ms, becomes a record's latency when the server waits the
+/// whole time (tansu does), and a stall of a one-record-at-a-time consumer
+/// each time a partition runs dry.
+pub const FETCH_WAIT_MAX_MS: &str = "20";
 /// How long metadata and offset queries wait.
 const QUERY: Duration = Duration::from_secs(10);
 
@@ -190,10 +195,7 @@ impl KafkaBroker {
                 .set("partition.assignment.strategy", "cooperative-sticky")
                 .set("session.timeout.ms", "10000")
                 .set("heartbeat.interval.ms", "1000")
-                // A fetch on a quiet partition returns after at most this
-                // (librdkafka's default, 500 ms, is a record's latency when
-                // the server waits the whole time).
-                .set("fetch.wait.max.ms", "20")
+                .set("fetch.wait.max.ms", FETCH_WAIT_MAX_MS)
                 .create_with_context(ctx)
                 .map_err(|e| format!("cannot create the Kafka consumer: {e}"))?;
             let topics: Vec<&str> = self.options.topics.iter().map(String::as_str).collect();

@@ -38,6 +38,9 @@ pub(super) async fn run(config: &Config, n: usize, postgres_url: &str) -> Result
         .set("group.id", format!("{}-loop", options.group))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
+        // The same wait as Idem's consumer, so the server's answer to a
+        // fetch on a drained partition holds neither back longer.
+        .set("fetch.wait.max.ms", crate::broker::kafka::FETCH_WAIT_MAX_MS)
         .create()?;
     let topics: Vec<&str> = options.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
