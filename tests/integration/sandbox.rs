@@ -11,7 +11,11 @@ use crate::common::*;
 
 /// Run one hostile mode and return its dead letter's reason.
 async fn attack(mode: &str) -> (String, idem_host::stats::Snapshot) {
-    let mut env = Env::new().await;
+    attack_in(Env::new().await, mode).await
+}
+
+/// [`attack`] in `env`, set up by the caller.
+async fn attack_in(mut env: Env, mode: &str) -> (String, idem_host::stats::Snapshot) {
     env.config.retry.max_traps = 1;
     env.config.retry.max_attempts = 1;
     let pool = env.start().await;
@@ -208,6 +212,115 @@ async fn huge_error_text_is_truncated() {
 async fn huge_value_is_refused_as_too_large() {
     let (reason, _) = attack("huge-value").await;
     assert!(reason.contains("exceeds limits.max_value_bytes"), "{reason}");
+}
+
+/// A key no data store can hold (Postgres refuses a NUL in text, and one
+/// refused row would fail a whole group commit of every plugin's writes) is
+/// refused before any store sees it, on reads as on writes, and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_key_holding_a_nul_is_refused_naming_it() {
+    for mode in ["nul-key", "nul-key-get"] {
+        let (reason, c) = attack(mode).await;
+        assert!(reason.contains("store key") && reason.contains("U+0000"), "{mode}: {reason}");
+        assert_eq!(c.traps, 1, "{mode}: failed as a trap, not retried as an outage");
+    }
+}
+
+/// A handler that writes in a loop is held to its queued writes' pace (at
+/// most `MAX_QUEUED_WRITES` or `MAX_QUEUED_BYTES` in the host at once), and
+/// every write still lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_flood_is_paced_and_every_write_lands() {
+    let env = Env::new().await;
+    let pool = env.start().await;
+    pool.backends
+        .broker
+        .publish(&[envelope("flood", "hostile", json!({ "mode": "write-flood" }))], Duration::ZERO)
+        .await
+        .unwrap();
+    drain(&pool).await;
+    assert_eq!(state(&pool, "hostile", "flood").await, Some("done"));
+    let stored = pool.backends.data.scan("hostile").await.unwrap();
+    assert_eq!(stored.len(), 500);
+    assert!(stored.iter().all(|(_, v)| v.len() == 64 << 10));
+    pool.stop().await.unwrap();
+}
+
+/// An HTTP server for `effects.call`: `/redirect` answers 307 to
+/// `/elsewhere` (which counts what reaches it), `/endless` streams a body
+/// that never ends.
+async fn endpoint_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU32>) {
+    use axum::response::IntoResponse;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let reached = std::sync::Arc::new(AtomicU32::new(0));
+    let seen = reached.clone();
+    let app = axum::Router::new()
+        .route(
+            "/redirect",
+            axum::routing::post(|| async { (axum::http::StatusCode::TEMPORARY_REDIRECT, [("location", "/elsewhere")]).into_response() }),
+        )
+        .route(
+            "/elsewhere",
+            axum::routing::post(move || {
+                seen.fetch_add(1, Ordering::SeqCst);
+                async { "{}" }
+            }),
+        )
+        .route(
+            "/endless",
+            axum::routing::post(|| async {
+                let chunk = axum::body::Bytes::from(vec![b' '; 64 << 10]);
+                axum::body::Body::from_stream(futures::stream::repeat_with(move || {
+                    Ok::<_, std::convert::Infallible>(chunk.clone())
+                }))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), reached)
+}
+
+/// `env` with the hostile plugin granted endpoint `echo` at `url`.
+async fn with_echo_at(url: String) -> Env {
+    let mut env = Env::new().await;
+    env.config
+        .endpoints
+        .insert("echo".into(), idem_host::config::EndpointConfig { url, timeout_ms: 60_000 });
+    env.config.plugins.get_mut("hostile").unwrap().endpoints.push("echo".into());
+    env
+}
+
+/// A redirect is not followed: the request (with its Idempotency-Key)
+/// never reaches an address no one configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoints_redirect_is_not_followed() {
+    let (base, reached) = endpoint_server().await;
+    let (reason, _) = attack_in(with_echo_at(format!("{base}/redirect")).await, "call-echo").await;
+    assert!(
+        reason.contains("307") && reason.contains("redirects are not followed") && reason.contains("endpoints.echo.url"),
+        "{reason}"
+    );
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+/// A response is read only up to `limits.max_value_bytes`: an endless body
+/// is refused as too large, not buffered until the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_response_is_cut_at_the_value_limit() {
+    let (base, _) = endpoint_server().await;
+    let (reason, _) = attack_in(with_echo_at(format!("{base}/endless")).await, "call-echo").await;
+    assert!(reason.contains("answered more than limits.max_value_bytes"), "{reason}");
+}
+
+/// An execution makes a bounded number of external calls: each answer is
+/// journaled with the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_calls_per_execution_are_bounded() {
+    let (base, reached) = endpoint_server().await;
+    let (reason, _) = attack_in(with_echo_at(format!("{base}/elsewhere")).await, "call-loop").await;
+    assert!(reason.contains("more than 256 external calls"), "{reason}");
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 256);
 }
 
 /// Collection names and keys are data, never SQL, on every store.

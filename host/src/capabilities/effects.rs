@@ -14,6 +14,24 @@ use crate::stats::Counters;
 /// The header every attempt of a step carries, with the same value.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
+/// Most external calls one execution may make (journal replays
+/// included): each step's answer is kept in the journal with the message.
+pub const MAX_CALLS: u32 = 256;
+
+/// How much of an error response's body is read, to show in the error.
+const ERROR_TEXT_BYTES: usize = 512;
+
+/// The first `cap` bytes of `response`'s body (fewer if it is shorter),
+/// read chunk by chunk: an endless or huge body costs no more memory.
+async fn read_at_most(mut response: reqwest::Response, cap: usize) -> reqwest::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    while body.len() < cap {
+        let Some(chunk) = response.chunk().await? else { break };
+        body.extend_from_slice(&chunk[..chunk.len().min(cap - body.len())]);
+    }
+    Ok(body)
+}
+
 /// Configured endpoints and one HTTP client (connections are reused).
 #[derive(Clone)]
 pub struct Endpoints {
@@ -28,6 +46,10 @@ impl Endpoints {
     pub fn new(namespace: &str, endpoints: BTreeMap<String, EndpointConfig>) -> anyhow::Result<Self> {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
+            // A redirect would send the guest's request, with its
+            // Idempotency-Key, to an address no one configured, and
+            // journal that address's answer: not followed.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| anyhow::anyhow!("cannot create the HTTP client for effects: {e}"))?;
         Ok(Endpoints {
@@ -67,11 +89,20 @@ async fn call(
             plugin.name, plugin.name
         ))));
     }
+    state.calls += 1;
+    if state.calls > MAX_CALLS {
+        return Ok(Err(CallError::Permanent(format!(
+            "more than {MAX_CALLS} external calls in one execution; each is journaled with the message, so a handler makes a bounded number (split the work into several messages)"
+        ))));
+    }
     if step.is_empty() || step.len() > 128 {
         return Ok(Err(CallError::Permanent(format!(
             "step name must be 1 to 128 bytes, got {} bytes",
             step.len()
         ))));
+    }
+    if let Some(abort) = super::unstorable("journal step", &step) {
+        return Err(state.stop(abort));
     }
     if request.len() > plugin.limits.max_value_bytes {
         return Ok(Err(CallError::Permanent(format!(
@@ -141,12 +172,25 @@ async fn call(
         Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: {e}")))),
     };
     let status = response.status();
-    let body = match response.bytes().await {
+    let limit = plugin.limits.max_value_bytes;
+    // Read no more than can be used: the start of an error's text, or a
+    // response up to the limit (one byte more tells it is over).
+    let cap = if status.is_success() {
+        limit.saturating_add(1)
+    } else {
+        ERROR_TEXT_BYTES
+    };
+    let body = match read_at_most(response, cap).await {
         Ok(b) => b,
         Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: reading the response failed: {e}")))),
     };
+    if status.is_redirection() {
+        return Ok(Err(CallError::Permanent(format!(
+            "{endpoint} answered {status}: redirects are not followed; set endpoints.{endpoint}.url to the address that answers"
+        ))));
+    }
     if !status.is_success() {
-        let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+        let text = String::from_utf8_lossy(&body).into_owned();
         let retryable = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 || status.as_u16() == 409;
         let message = format!("{endpoint} answered {status}: {text}");
         return Ok(Err(if retryable {
@@ -155,11 +199,9 @@ async fn call(
             CallError::Permanent(message)
         }));
     }
-    if body.len() > plugin.limits.max_value_bytes {
+    if body.len() > limit {
         return Ok(Err(CallError::Permanent(format!(
-            "{endpoint} answered {} bytes, over limits.max_value_bytes = {}",
-            body.len(),
-            plugin.limits.max_value_bytes
+            "{endpoint} answered more than limits.max_value_bytes = {limit} bytes"
         ))));
     }
 
@@ -167,7 +209,7 @@ async fn call(
     // stale fence means another worker owns the message now: stop here.
     let claim = match &state.exec.claim {
         Some(c) => c.clone(),
-        None => return Ok(Ok(body.to_vec())),
+        None => return Ok(Ok(body)),
     };
     match caps
         .claims
@@ -192,5 +234,5 @@ async fn call(
             return Err(state.stop(HostAbort::SimulatedCrash));
         }
     }
-    Ok(Ok(body.to_vec()))
+    Ok(Ok(body))
 }

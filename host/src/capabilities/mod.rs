@@ -55,6 +55,10 @@ pub enum HostAbort {
     /// handler was told it was queued, so it cannot go on.
     #[error("a store write queued earlier failed: {0}")]
     WriteFailed(String),
+    /// The handler named a key or step no store can hold (a plugin bug,
+    /// failed as a trap is).
+    #[error("{0}")]
+    Unstorable(String),
 }
 
 /// Shared by every execution of a pool.
@@ -116,6 +120,8 @@ pub struct ExecutionCaps {
     meter: Option<Arc<GuestMeter>>,
     log_lines: u32,
     log_dropped: u32,
+    /// External calls made (journal replays included).
+    calls: u32,
     abort: Option<HostAbort>,
 }
 
@@ -129,6 +135,7 @@ impl ExecutionCaps {
             meter: None,
             log_lines: 0,
             log_dropped: 0,
+            calls: 0,
             abort: None,
         }
     }
@@ -213,6 +220,19 @@ fn too_large(plugin: &PluginInfo, key: &str, value: &[u8]) -> Option<String> {
     None
 }
 
+/// The reason a key or journal step cannot be stored, if it holds a NUL
+/// character: Postgres refuses one in text, and a refused row would fail
+/// the whole group-committed batch of every plugin's writes it rides in.
+/// Refused for every store, so a plugin behaves alike on each.
+fn unstorable(what: &str, text: &str) -> Option<HostAbort> {
+    text.contains('\0').then(|| {
+        let shown = crate::text::truncate_utf8(text.to_string(), 64);
+        HostAbort::Unstorable(format!(
+            "{what} {shown:?} contains a NUL character (U+0000), which no data store holds; use a key without it"
+        ))
+    })
+}
+
 /// Add `idem:handler/{types,store,effects,log}` to a linker whose store
 /// state reaches an [`ExecutionCaps`] through `get`: version 0.2.0 and,
 /// for components built against it, 0.1.0.
@@ -266,5 +286,12 @@ pub(crate) mod tests {
         let long_key = "k".repeat(MAX_STORE_KEY_BYTES + 1);
         assert_eq!(too_large(&p, &long_key[..MAX_STORE_KEY_BYTES], b""), None);
         assert!(too_large(&p, &long_key, b"").expect("key too large").contains("1025 bytes"));
+    }
+
+    #[test]
+    fn a_nul_in_a_key_or_step_is_unstorable_and_named() {
+        assert!(unstorable("store key", "order-17").is_none());
+        let refused = unstorable("store key", "order\u{0}17").expect("refused").to_string();
+        assert!(refused.contains("\"order\\017\"") && refused.contains("U+0000"), "{refused}");
     }
 }

@@ -1,7 +1,7 @@
 //! `idem:handler/store`: grant and size checks, then the data store with
 //! the execution's fence.
 
-use super::{too_large, ExecutionCaps, HostAbort};
+use super::{too_large, unstorable, ExecutionCaps, HostAbort};
 use crate::bindings::idem::handler::store::{self as wit_store, StoreError};
 use crate::stats::Counters;
 use crate::store::{DataError, Inserted, Write, WriteOp};
@@ -46,19 +46,25 @@ impl ExecutionCaps {
         self.queued_failed(waited)
     }
 
-    fn check_write(&self, collection: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+    /// The checks every store call makes before touching the store: the
+    /// grant, then the key (a key no store can hold stops the execution;
+    /// one too long is refused to the handler), then the value's size.
+    fn check(&mut self, collection: &str, key: &str, value: &[u8]) -> Result<Result<(), StoreError>, HostAbort> {
         if let Some(m) = self.collection_denied(collection) {
-            return Err(StoreError::AccessDenied(m));
+            return Ok(Err(StoreError::AccessDenied(m)));
+        }
+        if let Some(abort) = unstorable("store key", key) {
+            return Err(self.stop(abort));
         }
         if let Some(m) = too_large(&self.plugin, key, value) {
-            return Err(StoreError::TooLarge(m));
+            return Ok(Err(StoreError::TooLarge(m)));
         }
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// `store.insert-unique`, checked.
     pub async fn store_insert_unique(&mut self, collection: &str, key: &str, value: &[u8]) -> Checked<Inserted> {
-        if let Err(e) = self.check_write(collection, key, value) {
+        if let Err(e) = self.check(collection, key, value)? {
             return Ok(Err(e));
         }
         self.after_queued(collection, key).await?;
@@ -72,7 +78,7 @@ impl ExecutionCaps {
     /// `store.upsert`, checked. Under a claim it is write-behind: queued
     /// for the group commit and answered at once (see [`super::writes`]).
     pub async fn store_upsert(&mut self, collection: &str, key: &str, value: &[u8]) -> Checked<()> {
-        if let Err(e) = self.check_write(collection, key, value) {
+        if let Err(e) = self.check(collection, key, value)? {
             return Ok(Err(e));
         }
         self.after_queued(collection, key).await?;
@@ -83,6 +89,11 @@ impl ExecutionCaps {
                 Err(e) => self.data_error(e).map(Err),
             };
         };
+        // A handler writing in a loop waits for its queued writes rather
+        // than queueing without bound in the host's memory.
+        if self.exec.writes.full_for(value.len()) {
+            self.after_all_queued().await?;
+        }
         let write = Write {
             claim,
             collection: collection.to_string(),
@@ -90,14 +101,14 @@ impl ExecutionCaps {
             op: WriteOp::Upsert(value.to_vec()),
         };
         let queued = data.queue(write).await;
-        self.exec.writes.push(collection, key, queued);
+        self.exec.writes.push(collection, key, value.len(), queued);
         Ok(Ok(()))
     }
 
     /// `store.get`, checked.
     pub async fn store_get(&mut self, collection: &str, key: &str) -> Checked<Option<Vec<u8>>> {
-        if let Some(m) = self.collection_denied(collection) {
-            return Ok(Err(StoreError::AccessDenied(m)));
+        if let Err(e) = self.check(collection, key, b"")? {
+            return Ok(Err(e));
         }
         self.after_queued(collection, key).await?;
         let data = self.shared.data.clone();
@@ -109,8 +120,8 @@ impl ExecutionCaps {
 
     /// `store.delete`, checked.
     pub async fn store_delete(&mut self, collection: &str, key: &str) -> Checked<bool> {
-        if let Some(m) = self.collection_denied(collection) {
-            return Ok(Err(StoreError::AccessDenied(m)));
+        if let Err(e) = self.check(collection, key, b"")? {
+            return Ok(Err(e));
         }
         self.after_queued(collection, key).await?;
         let data = self.shared.data.clone();

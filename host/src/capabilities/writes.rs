@@ -22,9 +22,20 @@ use std::sync::Mutex;
 
 use crate::store::{DataError, Queued};
 
+/// Most writes one execution may have queued: past it, the next write
+/// waits for those queued first. With [`MAX_QUEUED_BYTES`] this bounds
+/// what a handler that writes in a loop holds in the host's memory (and
+/// what each store call scans here), whatever it writes.
+pub const MAX_QUEUED_WRITES: usize = 64;
+
+/// Most bytes of values one execution may have queued (a single larger
+/// value, within `limits.max_value_bytes`, is queued alone).
+pub const MAX_QUEUED_BYTES: usize = 1 << 20;
+
 struct Pending {
     collection: String,
     key: String,
+    bytes: usize,
     queued: Queued,
 }
 
@@ -42,13 +53,22 @@ impl std::fmt::Debug for Writes {
 }
 
 impl Writes {
-    /// Keep a queued write of `collection`/`key`.
-    pub fn push(&self, collection: &str, key: &str, queued: Queued) {
+    /// Keep a queued write of `collection`/`key` carrying `bytes` of value.
+    pub fn push(&self, collection: &str, key: &str, bytes: usize, queued: Queued) {
         self.lock().push(Pending {
             collection: collection.to_string(),
             key: key.to_string(),
+            bytes,
             queued,
         });
+    }
+
+    /// Whether a write of `bytes` more must first wait for those queued
+    /// (see [`MAX_QUEUED_WRITES`]).
+    pub fn full_for(&self, bytes: usize) -> bool {
+        let pending = self.lock();
+        let queued: usize = pending.iter().map(|p| p.bytes).sum();
+        !pending.is_empty() && (pending.len() >= MAX_QUEUED_WRITES || queued.saturating_add(bytes) > MAX_QUEUED_BYTES)
     }
 
     /// Writes queued and not yet waited for.
@@ -108,14 +128,31 @@ mod tests {
     #[tokio::test]
     async fn waiting_for_a_key_takes_only_that_keys_writes() {
         let w = Writes::default();
-        w.push("c", "a", Queued::done(Ok(Written::Upserted)));
-        w.push("c", "b", Queued::done(Err(DataError::stale())));
-        w.push("d", "a", Queued::done(Ok(Written::Upserted)));
+        w.push("c", "a", 1, Queued::done(Ok(Written::Upserted)));
+        w.push("c", "b", 1, Queued::done(Err(DataError::stale())));
+        w.push("d", "a", 1, Queued::done(Ok(Written::Upserted)));
         assert!(w.wait_for("c", "a").await.is_ok());
         assert_eq!(w.len(), 2);
         assert!(matches!(w.wait_for("c", "b").await, Err(DataError::FenceLost { .. })));
         assert_eq!(w.len(), 1);
         assert!(w.wait_all().await.is_ok());
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn an_execution_holds_a_bounded_number_and_size_of_queued_writes() {
+        let w = Writes::default();
+        assert!(!w.full_for(MAX_QUEUED_BYTES * 4), "a first write is queued whatever its size");
+        for i in 0..MAX_QUEUED_WRITES - 1 {
+            w.push("c", &i.to_string(), 10, Queued::done(Ok(Written::Upserted)));
+            assert!(!w.full_for(10), "{} queued", i + 1);
+        }
+        w.push("c", "last", 10, Queued::done(Ok(Written::Upserted)));
+        assert!(w.full_for(0), "{MAX_QUEUED_WRITES} writes queued");
+
+        let w = Writes::default();
+        w.push("c", "a", MAX_QUEUED_BYTES / 2, Queued::done(Ok(Written::Upserted)));
+        assert!(!w.full_for(MAX_QUEUED_BYTES / 2));
+        assert!(w.full_for(MAX_QUEUED_BYTES / 2 + 1));
     }
 }

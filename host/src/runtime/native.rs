@@ -65,6 +65,7 @@ pub(super) async fn execute(handler: &dyn NativeHandler, shared: &Arc<Capabiliti
     match ctx.caps.abort() {
         Some(HostAbort::FenceLost) => return Outcome::FenceLost,
         Some(failed @ HostAbort::WriteFailed(_)) => return Outcome::Transient(failed.to_string()),
+        Some(refused @ HostAbort::Unstorable(_)) => return Outcome::Trapped(refused.to_string()),
         _ => {}
     }
     match result {

@@ -53,7 +53,7 @@ mod tests {
     async fn a_write_that_commits_later_is_waited_for() {
         let w = Writes::default();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        w.push("c", "a", Queued::waiting(rx));
+        w.push("c", "a", 1, Queued::waiting(rx));
         let settle = tokio::spawn(async move { Outcome::Done(None).after_writes(&w).await });
         tokio::task::yield_now().await;
         assert!(!settle.is_finished(), "settling must wait for the queued write");
@@ -66,7 +66,7 @@ mod tests {
         let settle = |results: Vec<Result<Written, DataError>>, outcome: Outcome| async move {
             let w = Writes::default();
             for r in results {
-                w.push("c", "k", Queued::done(r));
+                w.push("c", "k", 1, Queued::done(r));
             }
             outcome.after_writes(&w).await
         };

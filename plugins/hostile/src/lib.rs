@@ -12,8 +12,12 @@
 //! arguments and files (and asks to be retried once), `huge-result` returns a
 //! 2 MiB error, `huge-value` stores 2 MiB, `injection` writes SQL-looking
 //! collection names and keys, `residue` checks that nothing an earlier
-//! message wrote to its memory is left and then dirties it; `ok` writes one
-//! granted value.
+//! message wrote to its memory is left and then dirties it, `nul-key` and
+//! `nul-key-get` name a store key holding a NUL character, `call-echo`
+//! calls the endpoint `echo` (granted only where a test configures it)
+//! once, `call-loop` calls it with a new step each time until refused,
+//! `write-flood` makes 500 upserts of 64 KiB each and returns; `ok`
+//! writes one granted value.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
@@ -151,6 +155,31 @@ fn handle(msg: Message) -> Result<()> {
             // A granted collection whose name and key are SQL: stored as text.
             let evil = "x'); DROP TABLE kv; --";
             store::collection(evil).upsert(evil, &"stored literally")?;
+            Ok(())
+        }
+        "nul-key" => {
+            store::collection("hostile").upsert("order\u{0}17", &"x")?;
+            Ok(())
+        }
+        "nul-key-get" => {
+            std::hint::black_box(store::collection("hostile").get_bytes("order\u{0}17")?);
+            Ok(())
+        }
+        "call-echo" => {
+            let _: serde_json::Value = effects::call("echo", "send", &serde_json::json!({ "key": msg.key }))?;
+            Ok(())
+        }
+        "call-loop" => {
+            for i in 0u64.. {
+                let _: serde_json::Value = effects::call("echo", &format!("step-{i}"), &serde_json::json!({}))?;
+            }
+            Ok(())
+        }
+        "write-flood" => {
+            let value = vec![7u8; 64 << 10];
+            for i in 0..500 {
+                store::collection("hostile").upsert_bytes(&format!("{}-{i}", msg.key), &value)?;
+            }
             Ok(())
         }
         "huge-log" => {
