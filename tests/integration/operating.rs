@@ -326,6 +326,21 @@ async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaul
     );
     assert!(report.swapped.iter().any(|(name, _, _)| name == "grant-credits"), "{report:?}");
     assert_eq!(runtime.plugin("grant-credits").unwrap().limits.cpu_ms, config.limits.cpu_ms);
+
+    // More memory than the pool reserved at start cannot be given by a
+    // reload: refused, naming the limit and the restart; the plugin keeps
+    // serving with what it had.
+    let before = runtime.plugin("grant-credits").unwrap().limits.memory_bytes;
+    config.limits.memory_bytes = before * 4;
+    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    let report = reloader.reload_config().await;
+    let (_, why) = report
+        .refused
+        .iter()
+        .find(|(name, _)| name == "grant-credits")
+        .unwrap_or_else(|| panic!("{report:?}"));
+    assert!(why.contains("limits.memory_bytes") && why.contains("restart"), "{why}");
+    assert_eq!(runtime.plugin("grant-credits").unwrap().limits.memory_bytes, before);
 }
 
 /// The value of one metric line (`name{labels} value`), if present.

@@ -141,6 +141,7 @@ impl Config {
         if self.worker.start_timeout_ms == 0 {
             bail!("worker.start_timeout_ms must be at least 1: how long a worker process may take to start serving");
         }
+        self.validate_timings_and_limits()?;
         if self.worker.heartbeat() >= self.worker.lease() && self.worker.heartbeat_ms.is_some() {
             tracing::warn!(
                 "worker.heartbeat_ms ({}) is not below worker.lease_ms ({}): leases of long handlers will expire and be taken over",
@@ -158,7 +159,7 @@ impl Config {
         let r = &self.retention;
         if r.done_ms < self.worker.lease_ms.saturating_add(self.retry.max_delay_ms) {
             bail!(
-                "retention.done_ms ({}) must be longer than worker.lease_ms + retry.max_delay_ms ({}): a duplicate delivered within a lease or a retry delay of its message settling would run again; the default keeps settled claims 7 days",
+                "retention.done_ms ({}) must be at least worker.lease_ms + retry.max_delay_ms ({}): a duplicate delivered within a lease or a retry delay of its message settling would run again; the default keeps settled claims 7 days",
                 r.done_ms,
                 self.worker.lease_ms.saturating_add(self.retry.max_delay_ms)
             );
@@ -187,6 +188,75 @@ impl Config {
             }
         }
         self.validate_celery()
+    }
+
+    /// Timings and limits at 0 (or past what the broker can hold) that
+    /// would be accepted and then fail or spin on every message.
+    fn validate_timings_and_limits(&self) -> Result<()> {
+        let w = &self.worker;
+        for (key, value, what) in [
+            (
+                "lease_ms",
+                w.lease_ms,
+                "a claim would expire as it is taken, and a redelivery take over a running handler",
+            ),
+            (
+                "visibility_ms",
+                w.visibility_ms,
+                "the broker would hand every delivery out again at once",
+            ),
+            (
+                "busy_retry_ms",
+                w.busy_retry_ms,
+                "a busy key would be fetched and handed back without a pause",
+            ),
+            (
+                "poll_idle_ms",
+                w.poll_idle_ms,
+                "an idle worker would poll its broker in a busy loop",
+            ),
+        ] {
+            if value == 0 {
+                bail!("worker.{key} must be at least 1 ms: at 0 {what}");
+            }
+        }
+        let horizon = REDIS_MAX_VISIBILITY_MS;
+        if self.broker.kind == BrokerKind::Redis && w.visibility_ms > horizon {
+            bail!(
+                "worker.visibility_ms = {} is longer than the Redis broker's longest visibility, {horizon} ms (24 h); a longer handler keeps its delivery through the heartbeat, which extends it",
+                w.visibility_ms
+            );
+        }
+        let scopes = std::iter::once(("limits".to_string(), self.limits.clone())).chain(
+            self.plugins
+                .keys()
+                .map(|name| (format!("plugins.{name}.limits"), self.limits_for(name))),
+        );
+        for (scope, limits) in scopes {
+            for (key, zero) in [
+                ("cpu_ms", limits.cpu_ms == 0),
+                ("timeout_ms", limits.timeout_ms == 0),
+                ("max_payload_bytes", limits.max_payload_bytes == 0),
+                ("max_value_bytes", limits.max_value_bytes == 0),
+            ] {
+                if zero {
+                    bail!("{scope}.{key} must be above 0: at 0 every message of the plugin fails and is dead-lettered");
+                }
+            }
+        }
+        for (name, endpoint) in &self.endpoints {
+            let parsed = url::Url::parse(&endpoint.url);
+            if !matches!(parsed.as_ref().map(url::Url::scheme), Ok("http" | "https")) {
+                bail!(
+                    "endpoints.{name}.url = {:?} is not an http:// or https:// URL (e.g. \"https://payments.internal/charge\")",
+                    crate::text::redact_url(&endpoint.url)
+                );
+            }
+            if endpoint.timeout_ms == 0 {
+                bail!("endpoints.{name}.timeout_ms must be above 0 (the default is 10000)");
+            }
+        }
+        Ok(())
     }
 
     /// `celery_task` settings make sense only with the celery broker, and
@@ -242,6 +312,47 @@ mod tests {
         assert_eq!(a.cpu_ms, 900);
         assert_eq!(a.max_log_lines, 7, "unset fields keep the global value");
         assert_eq!(config.limits_for("other").cpu_ms, 500);
+    }
+
+    /// A valid configuration with `extra` appended (a later TOML table
+    /// wins over the default for the keys it sets).
+    fn with(extra: &str) -> Config {
+        toml::from_str(&format!("[plugins.a]\npath = \"a.wasm\"\n{extra}")).unwrap()
+    }
+
+    #[test]
+    fn zero_timings_and_limits_are_refused_naming_the_key() {
+        with("").validate().expect("the defaults are valid");
+        for (extra, named) in [
+            ("[worker]\nlease_ms = 0", "worker.lease_ms"),
+            ("[worker]\nvisibility_ms = 0", "worker.visibility_ms"),
+            ("[worker]\nbusy_retry_ms = 0", "worker.busy_retry_ms"),
+            ("[worker]\npoll_idle_ms = 0", "worker.poll_idle_ms"),
+            ("[limits]\ncpu_ms = 0", "limits.cpu_ms"),
+            ("[limits]\nmax_payload_bytes = 0", "limits.max_payload_bytes"),
+            ("[plugins.a.limits]\ntimeout_ms = 0", "plugins.a.limits.timeout_ms"),
+            ("[plugins.a.limits]\nmax_value_bytes = 0", "plugins.a.limits.max_value_bytes"),
+            ("[endpoints.pay]\nurl = \"payments.local/charge\"", "endpoints.pay.url"),
+            ("[endpoints.pay]\nurl = \"ftp://payments.local\"", "endpoints.pay.url"),
+            (
+                "[endpoints.pay]\nurl = \"https://payments.local\"\ntimeout_ms = 0",
+                "endpoints.pay.timeout_ms",
+            ),
+        ] {
+            let err = with(extra).validate().expect_err(extra).to_string();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        with("[endpoints.pay]\nurl = \"https://payments.local/charge\"")
+            .validate()
+            .expect("an https endpoint");
+    }
+
+    #[test]
+    fn a_redis_visibility_past_the_claim_horizon_is_refused() {
+        let redis = "[broker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n[worker]\nvisibility_ms = ";
+        with(&format!("{redis}86400000")).validate().expect("24 h");
+        let err = with(&format!("{redis}86400001")).validate().unwrap_err().to_string();
+        assert!(err.contains("worker.visibility_ms") && err.contains("24 h"), "{err}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 mod load;
 mod worker;
 
-pub use worker::{OutagePolicy, Processes, WorkerConfig};
+pub use worker::{OutagePolicy, Processes, WorkerConfig, REDIS_MAX_VISIBILITY_MS};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// The longest visibility the Redis broker can give a delivery (its claim
+/// horizon, `broker::redis::CLAIM_HORIZON`): 24 hours.
+pub const REDIS_MAX_VISIBILITY_MS: u64 = 24 * 60 * 60 * 1000;
+
 /// The worker pool.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

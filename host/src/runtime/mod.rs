@@ -118,6 +118,11 @@ enum Reset {
     Prefix,
 }
 
+/// The linear memory each pool slot reserves.
+fn pool_memory_bytes(options: &RuntimeOptions) -> u64 {
+    options.max_memory_bytes.max(4 << 20)
+}
+
 /// The engine's configuration: component model, epoch interruption and a
 /// pooling allocator sized for `max_instances` instances of `per`.
 fn engine_config(options: &RuntimeOptions, per: Footprint, reset: Reset) -> WasmConfig {
@@ -127,7 +132,7 @@ fn engine_config(options: &RuntimeOptions, per: Footprint, reset: Reset) -> Wasm
         .total_memories(options.max_instances * per.memories)
         .total_tables(options.max_instances * per.tables)
         .total_stacks(options.max_instances)
-        .max_memory_size(options.max_memory_bytes.max(4 << 20) as usize)
+        .max_memory_size(pool_memory_bytes(options) as usize)
         .max_memories_per_component(per.memories)
         .max_tables_per_component(per.tables)
         .max_core_instances_per_component(per.core_instances)
@@ -179,6 +184,9 @@ pub struct Runtime {
     capacity: Capacity,
     /// What one instance may take at most (the pool's per-component limits).
     per_instance: Footprint,
+    /// The linear memory the pool reserved for each instance: no plugin's
+    /// `limits.memory_bytes` can be more.
+    max_memory_bytes: u64,
     /// Compiled components on disk.
     cache: Option<cache::CompileCache>,
 }
@@ -222,6 +230,7 @@ impl Runtime {
             plugins: RwLock::new(HashMap::new()),
             capacity: Capacity::new(options.max_instances, per),
             per_instance: per,
+            max_memory_bytes: pool_memory_bytes(&options),
             cache: options.compile_cache.map(cache::CompileCache::new),
         })
     }
@@ -322,6 +331,16 @@ impl Runtime {
             bail!(
                 "plugin {name}: limits.memory_bytes = {} is below the 2 MiB a Rust component needs to start",
                 limits.memory_bytes
+            );
+        }
+        // The pool reserved its slots for the largest limit configured when
+        // it started; a larger one (a reload) would be granted by the
+        // limiter and refused by the pool, failing as a misleading trap.
+        if limits.memory_bytes > self.max_memory_bytes {
+            bail!(
+                "plugin {name}: limits.memory_bytes = {} is more than the {} this process reserved for an instance when it started; restart the pool to raise it",
+                limits.memory_bytes,
+                self.max_memory_bytes
             );
         }
         Ok(Arc::new(Plugin {

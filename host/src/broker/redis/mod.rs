@@ -72,7 +72,7 @@ const GROUP: &str = "idem";
 /// The idle time after which a delivery can be claimed by another consumer.
 /// Each delivery's idle clock starts at `CLAIM_HORIZON - visibility`, so
 /// this is also the longest visibility a fetch or extend can ask for.
-pub const CLAIM_HORIZON: Duration = Duration::from_secs(24 * 60 * 60);
+pub const CLAIM_HORIZON: Duration = Duration::from_millis(crate::config::REDIS_MAX_VISIBILITY_MS);
 
 /// Longest a fetch waits for new entries when there is nothing to take, so
 /// that the worker notices a shutdown promptly.
