@@ -589,3 +589,55 @@ async fn on_rabbitmq_a_fetch_of_some_deliveries_of_several_queues_acks_only_thos
     assert_eq!(other.pending().await.unwrap(), 0, "the two acked tasks stayed acked");
     raw.close(200, "OK".into()).await.unwrap();
 }
+
+/// A failure never replaces how a task ended: a message reusing a finished
+/// task's id (another payload, an `expires` in the past, an unknown task
+/// name) is dead-lettered and leaves that task's result as it was. A
+/// failure does replace a `RETRY`, and a duplicate's answer replaces
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_never_overwrites_how_a_task_with_its_id_ended() {
+    use idem_host::broker::celery::results::{Overwrite, RedisResults, Report, Status};
+    let results = RedisResults::connect(&services::redis(), Duration::from_secs(60)).await.unwrap();
+    let mut conn = redis::Client::open(services::redis())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let id = format!("overwrite-{}", uuid::Uuid::new_v4());
+    let key = format!("celery-task-meta-{id}");
+    let write = |status: Status<'static>, overwrite: Overwrite| {
+        let results = &results;
+        let id = id.clone();
+        async move {
+            let report = Report {
+                task_id: &id,
+                status,
+                overwrite,
+            };
+            results.write(&[report], 0).await.unwrap();
+        }
+    };
+    let stored = || {
+        let key = key.clone();
+        let mut conn = conn.clone();
+        async move {
+            let text: String = redis::AsyncCommands::get(&mut conn, &key).await.unwrap();
+            let meta: Value = serde_json::from_str(&text).unwrap();
+            meta["status"].as_str().unwrap().to_string()
+        }
+    };
+
+    write(Status::Retry("first attempt failed"), Overwrite::Always).await;
+    write(Status::Failure("attempts exhausted"), Overwrite::UnlessFinal).await;
+    assert_eq!(stored().await, "FAILURE", "a failure replaces a RETRY");
+    write(Status::Success(Some(b"1")), Overwrite::Always).await;
+    assert_eq!(stored().await, "SUCCESS", "a replayed task's success replaces its failure");
+    for status in [Status::Failure("conflict"), Status::Revoked("expired")] {
+        write(status, Overwrite::UnlessFinal).await;
+        assert_eq!(stored().await, "SUCCESS", "a failure never replaces how the task ended");
+    }
+    write(Status::Failure("dead-lettered by an earlier delivery"), Overwrite::Never).await;
+    assert_eq!(stored().await, "SUCCESS");
+    let _: () = redis::AsyncCommands::del(&mut conn, &key).await.unwrap();
+}

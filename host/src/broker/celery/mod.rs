@@ -30,7 +30,7 @@ use std::time::Duration;
 use anyhow::bail;
 use async_trait::async_trait;
 
-use self::results::{RedisResults, Report, Status};
+use self::results::{Overwrite, RedisResults, Report, Status};
 use self::wire::{Message, Task, Unreadable};
 use super::{Answer, Broker, BrokerError, Semantics, Verdict};
 use crate::envelope::{Delivery, Envelope};
@@ -257,7 +257,7 @@ impl Broker for CeleryBroker {
             let retry = Report {
                 task_id: &task_id,
                 status: Status::Retry(reason),
-                only_if_absent: false,
+                overwrite: Overwrite::Always,
             };
             if let Err(e) = results.write(&[retry], now_ms()).await {
                 tracing::warn!(error = %e, task = %task_id, "cannot record the RETRY state of a Celery task; its retry is queued");
@@ -290,20 +290,20 @@ impl Broker for CeleryBroker {
             .filter(|a| !a.msg_id.is_empty())
             .map(|a| {
                 let expired = parse_receipt(a.receipt).is_ok_and(|(_, e)| e);
-                let (status, only_if_absent) = match a.verdict {
-                    Verdict::Done(result) => (Status::Success(result), false),
-                    Verdict::Failed(reason) if expired => (Status::Revoked(reason), false),
-                    Verdict::Failed(reason) => (Status::Failure(reason), false),
-                    Verdict::Duplicate { failed: false, result } => (Status::Success(result), true),
+                let (status, overwrite) = match a.verdict {
+                    Verdict::Done(result) => (Status::Success(result), Overwrite::Always),
+                    Verdict::Failed(reason) if expired => (Status::Revoked(reason), Overwrite::UnlessFinal),
+                    Verdict::Failed(reason) => (Status::Failure(reason), Overwrite::UnlessFinal),
+                    Verdict::Duplicate { failed: false, result } => (Status::Success(result), Overwrite::Never),
                     Verdict::Duplicate { failed: true, .. } => (
                         Status::Failure("dead-lettered by an earlier delivery of this task; see idem dlq"),
-                        true,
+                        Overwrite::Never,
                     ),
                 };
                 Report {
                     task_id: a.msg_id,
                     status,
-                    only_if_absent,
+                    overwrite,
                 }
             })
             .collect();

@@ -27,15 +27,40 @@ pub enum Status<'a> {
     Retry(&'a str),
 }
 
+/// What a result may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overwrite {
+    /// Whatever is stored: what the execution holding the task's claim
+    /// reports (its result, a retry).
+    Always,
+    /// Nothing: written only where no result is stored (a duplicate
+    /// delivery must not overwrite what its first execution reported).
+    Never,
+    /// Nothing final (`SUCCESS`, `FAILURE`, `REVOKED`): a failure. A
+    /// message that reuses a finished task's id (a different payload, an
+    /// `expires` in the past, an unknown task name) is dead-lettered and
+    /// leaves that task's result as it was.
+    UnlessFinal,
+}
+
+impl Overwrite {
+    fn arg(self) -> &'static str {
+        match self {
+            Overwrite::Always => "always",
+            Overwrite::Never => "never",
+            Overwrite::UnlessFinal => "unless-final",
+        }
+    }
+}
+
 /// One result to write.
 #[derive(Debug, Clone)]
 pub struct Report<'a> {
     /// The task id.
     pub task_id: &'a str,
     pub status: Status<'a>,
-    /// Write only if no result is stored yet: a duplicate delivery must not
-    /// overwrite what its first execution reported.
-    pub only_if_absent: bool,
+    /// What it may replace.
+    pub overwrite: Overwrite,
 }
 
 /// Writes results into a Redis result backend.
@@ -70,7 +95,7 @@ impl RedisResults {
         call.arg(self.expires.as_secs().max(1));
         for r in reports {
             call.key(format!("celery-task-meta-{}", r.task_id))
-                .arg(if r.only_if_absent { "NX" } else { "" })
+                .arg(r.overwrite.arg())
                 .arg(meta(r, now_ms));
         }
         call.invoke_async::<()>(&mut self.conn.clone())
@@ -122,7 +147,7 @@ mod tests {
         let ok = Report {
             task_id: "t",
             status: Status::Success(Some(b"{\"n\":1}")),
-            only_if_absent: false,
+            overwrite: Overwrite::Always,
         };
         let v: Value = serde_json::from_str(&meta(&ok, 0)).unwrap();
         assert_eq!(v["status"], "SUCCESS");
