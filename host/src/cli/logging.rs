@@ -39,7 +39,7 @@ pub fn init_tracing(format: LogFormat, default_level: &str) {
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| OneLine(std::io::stderr()))
         .with_ansi(ansi);
     match (format, prefork::supervised()) {
         (LogFormat::Human, None) => builder.init(),
@@ -59,6 +59,38 @@ pub fn init_tracing(format: LogFormat, default_level: &str) {
                 inner: format::Format::default().json(),
             })
             .init(),
+    }
+}
+
+/// Standard error, one event at a time, where an event is always one line:
+/// a line break or carriage return inside it (a handler's log text or
+/// error, a message id from a producer) is written escaped, so no one can
+/// forge a line of the log. The formatter hands over each event whole, its
+/// own line end last. JSON lines have none inside to escape.
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, event: &[u8]) -> std::io::Result<usize> {
+        let body = event.strip_suffix(b"\n").unwrap_or(event);
+        if !body.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+            self.0.write_all(event)?;
+            return Ok(event.len());
+        }
+        let mut line = Vec::with_capacity(event.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => line.extend_from_slice(b"\\n"),
+                b'\r' => line.extend_from_slice(b"\\r"),
+                b => line.push(b),
+            }
+        }
+        line.push(b'\n');
+        self.0.write_all(&line)?;
+        Ok(event.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 
@@ -94,6 +126,27 @@ where
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn a_line_break_inside_an_event_cannot_forge_a_line() {
+        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = out.clone();
+        let make = move || OneLine(SinkWriter(sink.clone()));
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(make).finish();
+        let forged = "ok\n2026-01-01T00:00:00Z ERROR idem::worker: claim store lost\rpurging";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(msg_id = %forged, "{forged}");
+            tracing::info!("a plain line");
+        });
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.matches('\n').count(), 2, "{text:?}");
+        assert!(!text.contains('\r'), "{text:?}");
+        assert!(
+            text.contains("ok\\n2026-01-01T00:00:00Z ERROR") && text.contains("lost\\rpurging"),
+            "{text:?}"
+        );
+        assert!(text.ends_with("a plain line\n"), "{text:?}");
+    }
 
     /// One event through a subscriber with `Tagged` in front of `inner`.
     fn line(json: bool) -> String {

@@ -162,8 +162,8 @@ impl Worker {
             .collect();
         match self.backends.claims.dead_letter(&items, self.backends.clock.now_ms()).await {
             Ok(_) => {
-                for (d, reason) in &rejected {
-                    tracing::warn!(msg_id = %d.envelope.id, handler = %d.envelope.handler, %reason, "dead-lettered bad input");
+                for ((_, reason), (handler, id)) in rejected.iter().zip(&names) {
+                    tracing::warn!(msg_id = %id, %handler, %reason, "dead-lettered bad input");
                 }
                 self.counters
                     .dead_lettered
