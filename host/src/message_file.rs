@@ -7,7 +7,9 @@
 //!
 //! Only `payload` is required. `payload` is any JSON value (sent as its JSON
 //! text) or a string (sent as the string's bytes). `id` defaults to
-//! `line-N` (N counts from 1); `handler` defaults to the command's
+//! `FILE-line-N`, where N counts from 1 and FILE is the first 12 hex digits
+//! of the file's SHA-256: the same file published again repeats its ids
+//! (its messages are duplicates), another file's do not; `handler` defaults to the command's
 //! `--handler` (or, for `verify`, the plugin under test); `headers` is a
 //! list of `[name, value]` pairs and defaults to none. Blank lines are
 //! skipped.
@@ -16,6 +18,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use crate::envelope::Envelope;
 
@@ -41,6 +44,7 @@ pub fn read(file: &Path, default_handler: Option<&str>) -> Result<Vec<Envelope>>
 
 /// [`read`] on text already in memory.
 pub fn parse(text: &str, default_handler: Option<&str>) -> Result<Vec<Envelope>> {
+    let file = hex::encode(&Sha256::digest(text.as_bytes())[..6]);
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -56,7 +60,7 @@ pub fn parse(text: &str, default_handler: Option<&str>) -> Result<Vec<Envelope>>
             bail!("line {n}: no handler: add \"handler\": \"PLUGIN\" to the line or pass --handler PLUGIN");
         };
         out.push(Envelope {
-            id: m.id.unwrap_or_else(|| format!("line-{n}")),
+            id: m.id.unwrap_or_else(|| format!("{file}-line-{n}")),
             handler,
             headers: m.headers,
             payload: m.payload,
@@ -78,11 +82,28 @@ mod tests {
             "{\"payload\": {\"a\": 1}}\n\n{\"id\": \"m2\", \"handler\": \"h2\", \"headers\": [[\"k\", \"v\"]], \"payload\": \"text\"}\n";
         let got = parse(text, Some("h1")).unwrap();
         assert_eq!(got.len(), 2);
-        assert_eq!((got[0].id.as_str(), got[0].handler.as_str()), ("line-1", "h1"));
+        assert!(
+            got[0].id.ends_with("-line-1") && got[0].id.len() == 12 + "-line-1".len(),
+            "{}",
+            got[0].id
+        );
+        assert_eq!(got[0].handler, "h1");
         assert_eq!(got[0].payload, br#"{"a":1}"#);
         assert_eq!((got[1].id.as_str(), got[1].handler.as_str()), ("m2", "h2"));
         assert_eq!(got[1].headers, vec![("k".to_string(), "v".to_string())]);
         assert_eq!(got[1].payload, b"text");
+    }
+
+    /// Lines without an id in two different files are different messages;
+    /// the same file again repeats its ids.
+    #[test]
+    fn default_ids_name_the_file() {
+        let ids = |text: &str| parse(text, Some("h")).unwrap().into_iter().map(|e| e.id).collect::<Vec<_>>();
+        let a = ids("{\"payload\": 1}\n{\"payload\": 2}");
+        assert_eq!(a, ids("{\"payload\": 1}\n{\"payload\": 2}"));
+        let b = ids("{\"payload\": 3}\n{\"payload\": 4}");
+        assert!(a.iter().all(|id| !b.contains(id)), "{a:?} {b:?}");
+        assert!(a[1].ends_with("-line-2"), "{a:?}");
     }
 
     #[test]

@@ -2,8 +2,12 @@
 //! missing or unknown handler, an oversized payload, a bad message id or
 //! key. The error is the dead letter's reason, saying what to do.
 
-use crate::envelope::{check_key, derive_key, Delivery};
+use crate::envelope::{check_key, derive_key, printable, Delivery};
 use crate::plugin::PluginInfo;
+
+/// Most bytes a message's headers may take, names and values together:
+/// they go to the handler, into the claim and into a dead letter with it.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// Check a delivery against the plugin its envelope names (`None` if no
 /// such plugin is loaded; `loaded` lists those that are) and derive its
@@ -16,13 +20,13 @@ pub(super) fn check(d: &Delivery, plugin: Option<&PluginInfo>, loaded: impl FnOn
     if e.handler.is_empty() {
         return Err(format!(
             "malformed envelope: the delivery names no handler (message id {:?}); publish with `idem publish` or set the idem handler header/field",
-            e.id
+            printable(&e.id, 80)
         ));
     }
     let Some(plugin) = plugin else {
         return Err(format!(
             "unknown handler {:?}: no plugin of that name is loaded (loaded: {}); publish to one of them or add it under [plugins]",
-            e.handler,
+            printable(&e.handler, 80),
             loaded().join(", ")
         ));
     };
@@ -32,6 +36,13 @@ pub(super) fn check(d: &Delivery, plugin: Option<&PluginInfo>, loaded: impl FnOn
             e.payload.len(),
             plugin.limits.max_payload_bytes,
             plugin.name
+        ));
+    }
+    let header_bytes: usize = e.headers.iter().map(|(name, value)| name.len() + value.len()).sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return Err(format!(
+            "headers of {header_bytes} bytes ({} headers) exceed the limit of {MAX_HEADER_BYTES} bytes; carry large data in the payload",
+            e.headers.len()
         ));
     }
     check_key("message id", &e.id)?;
@@ -65,6 +76,20 @@ mod tests {
         let mut d = envelope("m1", "p", "{}");
         d.refused = Some("Celery message protocol 1 is not supported".into());
         assert_eq!(check(&d, None, loaded), Err("Celery message protocol 1 is not supported".into()));
+    }
+
+    #[test]
+    fn headers_are_bounded_and_a_long_handler_name_is_cut_in_the_reason() {
+        let mut d = envelope("m1", "p", "{}");
+        d.envelope.headers = vec![("a".into(), "x".repeat(MAX_HEADER_BYTES - 1))];
+        assert_eq!(check(&d, Some(&plugin(None, &[])), loaded), Ok("m1".into()));
+        d.envelope.headers.push(("b".into(), "y".into()));
+        let err = check(&d, Some(&plugin(None, &[])), loaded).unwrap_err();
+        assert!(err.contains(&format!("{} bytes (2 headers)", MAX_HEADER_BYTES + 2)), "{err}");
+
+        let d = envelope("m1", &"h".repeat(10_000), "{}");
+        let err = check(&d, None, loaded).unwrap_err();
+        assert!(err.len() < 400 && err.starts_with("unknown handler"), "{err}");
     }
 
     fn loaded() -> Vec<String> {
