@@ -118,7 +118,7 @@ impl Pool {
                 .map_err(|e| anyhow::anyhow!("cannot read the claim store's clock: {e}"))?;
         }
         for (name, p) in &config.plugins {
-            crate::plugin::check_key_pointer(backends.admin.as_ref(), name, p.key_pointer.as_deref()).await?;
+            crate::claim::check_key_pointer(backends.admin.as_ref(), name, p.key_pointer.as_deref()).await?;
         }
         let runtime = Arc::new(Runtime::new(runtime_options(config))?);
         let mut components = config.clone();

@@ -205,7 +205,7 @@ impl Reloader {
     async fn compile(&self, name: &str, p: &PluginConfig, bytes: Vec<u8>, config: &Config) -> Result<Arc<crate::runtime::Plugin>> {
         // A plugin removed and added back, or new, must derive keys as the
         // namespace records.
-        crate::plugin::check_key_pointer(self.admin.as_ref(), name, p.key_pointer.as_deref()).await?;
+        crate::claim::check_key_pointer(self.admin.as_ref(), name, p.key_pointer.as_deref()).await?;
         let grants = Grants::new(p.collections.iter().cloned(), p.endpoints.iter().cloned());
         self.runtime
             .compile(name, bytes, grants, config.limits_for(name), p.key_pointer.clone())

@@ -188,3 +188,32 @@ pub trait ClaimAdmin: Send + Sync + 'static {
     /// decision once nothing of the plugin is in flight).
     async fn set_key_pointer(&self, plugin: &str, pointer: &str, now: i64) -> Result<(), ClaimError>;
 }
+
+/// Check `plugin`'s key pointer against the one recorded for it in the
+/// namespace's claim store (recording it the first time). Keys must be
+/// derived the same way for as long as any of the plugin's messages may be
+/// delivered: another pointer would give a redelivery another key, and a
+/// message done under the old key would run again. Checked on every start
+/// and reload; `idem plugin rekey` changes the record.
+pub async fn check_key_pointer(admin: &dyn ClaimAdmin, plugin: &str, pointer: Option<&str>) -> anyhow::Result<()> {
+    let ours = pointer.unwrap_or("");
+    let recorded = admin
+        .key_pointer(plugin, ours, crate::now_ms())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot check plugins.{plugin}.key_pointer against the claim store: {e}"))?;
+    if recorded != ours {
+        let shown = |p: &str| {
+            if p.is_empty() {
+                "unset (the message id)".to_string()
+            } else {
+                format!("{p:?}")
+            }
+        };
+        anyhow::bail!(
+            "plugins.{plugin}.key_pointer is {} but this namespace derives {plugin}'s keys with {}: a redelivery would get another key and run again. Put the recorded pointer back, or, once no message of {plugin} is queued or in flight, run `idem plugin rekey {plugin} --config FILE` to record the new one",
+            shown(ours),
+            shown(&recorded)
+        );
+    }
+    Ok(())
+}
