@@ -69,6 +69,7 @@ use crate::envelope::{Delivery, Envelope};
 /// whole time (tansu does), and a stall of a one-record-at-a-time consumer
 /// each time a partition runs dry.
 pub const FETCH_WAIT_MAX_MS: &str = "20";
+
 /// How long metadata and offset queries wait.
 const QUERY: Duration = Duration::from_secs(10);
 

@@ -6,6 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use futures::StreamExt;
+use redis::AsyncCommands;
 
 use crate::config::{BrokerKind, Config, StoreKind};
 use crate::tools::kit::OwnRedis;
@@ -140,13 +142,14 @@ pub async fn cleanup(config: &Config) {
         let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
             continue;
         };
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{ns}:*"))
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
+        // SCAN, not KEYS: a Redis shared with other work is not blocked
+        // while a large keyspace is walked.
+        let keys: Vec<String> = match conn.scan_match::<_, String>(format!("{ns}:*")).await {
+            Ok(iter) => iter.filter_map(|k| async move { k.ok() }).collect().await,
+            Err(_) => Vec::new(),
+        };
+        for chunk in keys.chunks(1000) {
+            let _: redis::RedisResult<()> = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await;
         }
     }
 }
