@@ -8,8 +8,9 @@
 //! Only `payload` is required. `payload` is any JSON value (sent as its JSON
 //! text) or a string (sent as the string's bytes). `id` defaults to
 //! `FILE-line-N`, where N counts from 1 and FILE is the first 12 hex digits
-//! of the file's SHA-256: the same file published again repeats its ids
-//! (its messages are duplicates), another file's do not; `handler` defaults to the command's
+//! of the file's SHA-256: the same file published again unchanged repeats
+//! its ids (its messages are duplicates); a changed or another file's do
+//! not; `handler` defaults to the command's
 //! `--handler` (or, for `verify`, the plugin under test); `headers` is a
 //! list of `[name, value]` pairs and defaults to none. Blank lines are
 //! skipped.

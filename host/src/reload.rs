@@ -103,7 +103,7 @@ impl Reloader {
     pub async fn reload_config(&self) -> ReloadReport {
         let mut limits_changed = Vec::new();
         if let Some(path) = &self.config_path {
-            match Config::load(path) {
+            match Config::load(path).and_then(|fresh| self.within_reservation(fresh)) {
                 Ok(mut fresh) => {
                     let mut config = self.config.lock().expect("config poisoned");
                     limits_changed = changed_settings(&config.limits, &fresh.limits);
@@ -143,6 +143,22 @@ impl Reloader {
             limits_changed,
             ..self.reload(true).await
         }
+    }
+
+    /// `fresh`, unless it gives a plugin more instance memory than the pool
+    /// reserved at start: the whole file is then refused (as one that does
+    /// not parse), so later reloads go on from the configuration running.
+    fn within_reservation(&self, fresh: Config) -> Result<Config> {
+        let reserved = self.runtime.max_memory_bytes();
+        for name in fresh.plugins.keys() {
+            let wanted = fresh.limits_for(name).memory_bytes;
+            if wanted > reserved {
+                anyhow::bail!(
+                    "plugins.{name}: limits.memory_bytes = {wanted} is more than the {reserved} this process reserved for an instance when it started; restart the pool to raise it"
+                );
+            }
+        }
+        Ok(fresh)
     }
 
     /// Recompile every plugin whose file changed (or, with `force_settings`,

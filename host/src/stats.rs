@@ -57,6 +57,9 @@ counters! {
     external_calls,
     /// External call results replayed from the journal.
     journal_replays,
+    /// Upserts that waited for their execution's queued writes (it held
+    /// as many as one execution may).
+    writes_paced,
     /// Executions stopped by fault injection (demo crashes).
     crashes,
     /// Times the claim store was unreachable and the outage policy applied.

@@ -590,11 +590,10 @@ async fn on_rabbitmq_a_fetch_of_some_deliveries_of_several_queues_acks_only_thos
     raw.close(200, "OK".into()).await.unwrap();
 }
 
-/// A failure never replaces how a task ended: a message reusing a finished
-/// task's id (another payload, an `expires` in the past, an unknown task
-/// name) is dead-lettered and leaves that task's result as it was. A
-/// failure does replace a `RETRY`, and a duplicate's answer replaces
-/// nothing.
+/// Neither a failure nor a retry replaces how a task ended: a message
+/// reusing a finished task's id (another payload, an `expires` in the past,
+/// an unknown task name) leaves that task's result as it was. A failure
+/// does replace a `RETRY`, and a duplicate's answer replaces nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_never_overwrites_how_a_task_with_its_id_ended() {
     use idem_host::broker::celery::results::{Overwrite, RedisResults, Report, Status};
@@ -628,12 +627,13 @@ async fn a_failure_never_overwrites_how_a_task_with_its_id_ended() {
         }
     };
 
-    write(Status::Retry("first attempt failed"), Overwrite::Always).await;
+    write(Status::Retry("first attempt failed"), Overwrite::UnlessFinal).await;
+    assert_eq!(stored().await, "RETRY");
     write(Status::Failure("attempts exhausted"), Overwrite::UnlessFinal).await;
     assert_eq!(stored().await, "FAILURE", "a failure replaces a RETRY");
     write(Status::Success(Some(b"1")), Overwrite::Always).await;
     assert_eq!(stored().await, "SUCCESS", "a replayed task's success replaces its failure");
-    for status in [Status::Failure("conflict"), Status::Revoked("expired")] {
+    for status in [Status::Failure("conflict"), Status::Revoked("expired"), Status::Retry("failed")] {
         write(status, Overwrite::UnlessFinal).await;
         assert_eq!(stored().await, "SUCCESS", "a failure never replaces how the task ended");
     }

@@ -328,19 +328,24 @@ async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaul
     assert_eq!(runtime.plugin("grant-credits").unwrap().limits.cpu_ms, config.limits.cpu_ms);
 
     // More memory than the pool reserved at start cannot be given by a
-    // reload: refused, naming the limit and the restart; the plugin keeps
-    // serving with what it had.
+    // reload: the file is refused, naming the limit and the restart, and
+    // the plugins keep serving with what they had; a new component is
+    // still swapped in under the configuration running.
     let before = runtime.plugin("grant-credits").unwrap().limits.memory_bytes;
-    config.limits.memory_bytes = before * 4;
-    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    let mut greedy = config.clone();
+    greedy.limits.memory_bytes = runtime.max_memory_bytes() + 1;
+    greedy.limits.cpu_ms += 100;
+    std::fs::write(&path, toml::to_string(&greedy).unwrap()).unwrap();
     let report = reloader.reload_config().await;
-    let (_, why) = report
-        .refused
-        .iter()
-        .find(|(name, _)| name == "grant-credits")
-        .unwrap_or_else(|| panic!("{report:?}"));
+    let why = report.config_refused.clone().unwrap_or_else(|| panic!("{report:?}"));
     assert!(why.contains("limits.memory_bytes") && why.contains("restart"), "{why}");
-    assert_eq!(runtime.plugin("grant-credits").unwrap().limits.memory_bytes, before);
+    assert!(report.limits_changed.is_empty(), "{report:?}");
+    let running = runtime.plugin("grant-credits").unwrap();
+    assert_eq!((running.limits.memory_bytes, running.limits.cpu_ms), (before, config.limits.cpu_ms));
+    std::fs::write(&file, with_custom_section(&original, "v3")).unwrap();
+    let report = reloader.reload(false).await;
+    assert!(report.swapped.iter().any(|(name, _, _)| name == "grant-credits"), "{report:?}");
+    assert!(report.refused.is_empty(), "{report:?}");
 }
 
 /// The value of one metric line (`name{labels} value`), if present.

@@ -240,6 +240,10 @@ async fn a_write_flood_is_paced_and_every_write_lands() {
         .unwrap();
     drain(&pool).await;
     assert_eq!(state(&pool, "hostile", "flood").await, Some("done"));
+    // 16 values of 64 KiB fill the 1 MiB an execution may hold queued:
+    // the 17th upsert waits for those 16, then every 16th after it (the
+    // 17th, 33rd, ... 497th of 500).
+    assert_eq!(pool.counters.snapshot().writes_paced, 31);
     let stored = pool.backends.data.scan("hostile").await.unwrap();
     assert_eq!(stored.len(), 500);
     assert!(stored.iter().all(|(_, v)| v.len() == 64 << 10));
@@ -311,6 +315,16 @@ async fn an_endless_response_is_cut_at_the_value_limit() {
     let (base, _) = endpoint_server().await;
     let (reason, _) = attack_in(with_echo_at(format!("{base}/endless")).await, "call-echo").await;
     assert!(reason.contains("answered more than limits.max_value_bytes"), "{reason}");
+}
+
+/// A step is printable text (it goes out as the `Idem-Step` header): a
+/// control character in it is a permanent error, and nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_with_a_line_break_is_refused_and_nothing_is_sent() {
+    let (base, reached) = endpoint_server().await;
+    let (reason, _) = attack_in(with_echo_at(format!("{base}/elsewhere")).await, "call-bad-step").await;
+    assert!(reason.contains("control character U+000A"), "{reason}");
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
 /// An execution makes a bounded number of external calls: each answer is

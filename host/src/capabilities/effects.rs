@@ -89,26 +89,31 @@ async fn call(
             plugin.name, plugin.name
         ))));
     }
-    state.calls += 1;
-    if state.calls > MAX_CALLS {
-        return Ok(Err(CallError::Permanent(format!(
-            "more than {MAX_CALLS} external calls in one execution; each is journaled with the message, so a handler makes a bounded number (split the work into several messages)"
-        ))));
-    }
     if step.is_empty() || step.len() > 128 {
         return Ok(Err(CallError::Permanent(format!(
             "step name must be 1 to 128 bytes, got {} bytes",
             step.len()
         ))));
     }
-    if let Some(abort) = super::unstorable("journal step", &step) {
-        return Err(state.stop(abort));
+    if let Some(c) = step.chars().find(|c| c.is_control()) {
+        return Ok(Err(CallError::Permanent(format!(
+            "step name {:?} contains the control character U+{:04X}; a step is printable text (it is sent as the Idem-Step header and journaled)",
+            crate::envelope::printable(&step, 64),
+            c as u32
+        ))));
     }
     if request.len() > plugin.limits.max_value_bytes {
         return Ok(Err(CallError::Permanent(format!(
             "request of {} bytes exceeds limits.max_value_bytes = {}",
             request.len(),
             plugin.limits.max_value_bytes
+        ))));
+    }
+    // Every call that gets this far is counted, replayed or sent.
+    state.calls += 1;
+    if state.calls > MAX_CALLS {
+        return Ok(Err(CallError::Permanent(format!(
+            "more than {MAX_CALLS} external calls in one execution; each is journaled with the message, so a handler makes a bounded number (split the work into several messages)"
         ))));
     }
     // What the handler wrote before the call is committed before the
@@ -180,15 +185,15 @@ async fn call(
     } else {
         ERROR_TEXT_BYTES
     };
-    let body = match read_at_most(response, cap).await {
-        Ok(b) => b,
-        Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: reading the response failed: {e}")))),
-    };
     if status.is_redirection() {
         return Ok(Err(CallError::Permanent(format!(
             "{endpoint} answered {status}: redirects are not followed; set endpoints.{endpoint}.url to the address that answers"
         ))));
     }
+    let body = match read_at_most(response, cap).await {
+        Ok(b) => b,
+        Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: reading the response failed: {e}")))),
+    };
     if !status.is_success() {
         let text = String::from_utf8_lossy(&body).into_owned();
         let retryable = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 || status.as_u16() == 409;

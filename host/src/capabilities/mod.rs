@@ -55,8 +55,8 @@ pub enum HostAbort {
     /// handler was told it was queued, so it cannot go on.
     #[error("a store write queued earlier failed: {0}")]
     WriteFailed(String),
-    /// The handler named a key or step no store can hold (a plugin bug,
-    /// failed as a trap is).
+    /// The handler named a key no store can hold (a plugin bug, failed as
+    /// a trap is).
     #[error("{0}")]
     Unstorable(String),
 }
@@ -220,8 +220,7 @@ fn too_large(plugin: &PluginInfo, key: &str, value: &[u8]) -> Option<String> {
     None
 }
 
-/// The reason a key or journal step cannot be stored, if it holds a NUL
-/// character: Postgres refuses one in text, and a refused row would fail
+/// The reason a store key cannot be stored, if it holds a NUL character: Postgres refuses one in text, and a refused row would fail
 /// the whole group-committed batch of every plugin's writes it rides in.
 /// Refused for every store, so a plugin behaves alike on each.
 fn unstorable(what: &str, text: &str) -> Option<HostAbort> {
@@ -289,7 +288,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_nul_in_a_key_or_step_is_unstorable_and_named() {
+    fn a_nul_in_a_store_key_is_unstorable_and_named() {
         assert!(unstorable("store key", "order-17").is_none());
         let refused = unstorable("store key", "order\u{0}17").expect("refused").to_string();
         assert!(refused.contains("\"order\\017\"") && refused.contains("U+0000"), "{refused}");

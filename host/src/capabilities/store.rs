@@ -92,6 +92,7 @@ impl ExecutionCaps {
         // A handler writing in a loop waits for its queued writes rather
         // than queueing without bound in the host's memory.
         if self.exec.writes.full_for(value.len()) {
+            Counters::inc(&self.shared.counters.writes_paced);
             self.after_all_queued().await?;
         }
         let write = Write {

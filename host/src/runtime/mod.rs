@@ -235,6 +235,12 @@ impl Runtime {
         })
     }
 
+    /// The linear memory the pool reserved for each instance when it was
+    /// made: the most any plugin's `limits.memory_bytes` can be.
+    pub fn max_memory_bytes(&self) -> u64 {
+        self.max_memory_bytes
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine

@@ -153,7 +153,7 @@ impl Worker {
                 plugin: handler,
                 key: id,
                 msg_id: id,
-                headers: &d.envelope.headers,
+                headers: super::validate::bounded_headers(&d.envelope.headers),
                 payload: &d.envelope.payload,
                 reason,
                 fence: None,

@@ -9,6 +9,21 @@ use crate::plugin::PluginInfo;
 /// they go to the handler, into the claim and into a dead letter with it.
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
+/// The headers a dead letter keeps: the first ones that fit in
+/// [`MAX_HEADER_BYTES`] (all of them, unless the message was refused for
+/// its headers' size).
+pub fn bounded_headers(headers: &[(String, String)]) -> &[(String, String)] {
+    let mut total = 0;
+    let fit = headers
+        .iter()
+        .take_while(|(name, value)| {
+            total += name.len() + value.len();
+            total <= MAX_HEADER_BYTES
+        })
+        .count();
+    &headers[..fit]
+}
+
 /// Check a delivery against the plugin its envelope names (`None` if no
 /// such plugin is loaded; `loaded` lists those that are) and derive its
 /// key. The error is the dead letter's reason.
@@ -86,6 +101,8 @@ mod tests {
         d.envelope.headers.push(("b".into(), "y".into()));
         let err = check(&d, Some(&plugin(None, &[])), loaded).unwrap_err();
         assert!(err.contains(&format!("{} bytes (2 headers)", MAX_HEADER_BYTES + 2)), "{err}");
+
+        assert_eq!(bounded_headers(&d.envelope.headers).len(), 1, "a dead letter keeps what fits");
 
         let d = envelope("m1", &"h".repeat(10_000), "{}");
         let err = check(&d, None, loaded).unwrap_err();

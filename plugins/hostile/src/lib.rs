@@ -15,7 +15,8 @@
 //! message wrote to its memory is left and then dirties it, `nul-key` and
 //! `nul-key-get` name a store key holding a NUL character, `call-echo`
 //! calls the endpoint `echo` (granted only where a test configures it)
-//! once, `call-loop` calls it with a new step each time until refused,
+//! once, `call-bad-step` with a line break in the step, `call-loop` with a
+//! new step each time until refused,
 //! `write-flood` makes 500 upserts of 64 KiB each and returns; `ok`
 //! writes one granted value.
 
@@ -167,6 +168,10 @@ fn handle(msg: Message) -> Result<()> {
         }
         "call-echo" => {
             let _: serde_json::Value = effects::call("echo", "send", &serde_json::json!({ "key": msg.key }))?;
+            Ok(())
+        }
+        "call-bad-step" => {
+            let _: serde_json::Value = effects::call("echo", "send\nIdem-Plugin: other", &serde_json::json!({}))?;
             Ok(())
         }
         "call-loop" => {

@@ -257,7 +257,7 @@ impl Broker for CeleryBroker {
             let retry = Report {
                 task_id: &task_id,
                 status: Status::Retry(reason),
-                overwrite: Overwrite::Always,
+                overwrite: Overwrite::UnlessFinal,
             };
             if let Err(e) = results.write(&[retry], now_ms()).await {
                 tracing::warn!(error = %e, task = %task_id, "cannot record the RETRY state of a Celery task; its retry is queued");

@@ -30,16 +30,17 @@ pub enum Status<'a> {
 /// What a result may replace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overwrite {
-    /// Whatever is stored: what the execution holding the task's claim
-    /// reports (its result, a retry).
+    /// Whatever is stored: the result of the execution holding the
+    /// task's claim.
     Always,
     /// Nothing: written only where no result is stored (a duplicate
     /// delivery must not overwrite what its first execution reported).
     Never,
-    /// Nothing final (`SUCCESS`, `FAILURE`, `REVOKED`): a failure. A
-    /// message that reuses a finished task's id (a different payload, an
-    /// `expires` in the past, an unknown task name) is dead-lettered and
-    /// leaves that task's result as it was.
+    /// Nothing final (`SUCCESS`, `FAILURE`, `REVOKED`): a failure or a
+    /// retry. A message that reuses a finished task's id (a different
+    /// payload, an `expires` in the past, an unknown task name, or a key
+    /// that no longer finds the task's claim) leaves that task's result as
+    /// it was.
     UnlessFinal,
 }
 
