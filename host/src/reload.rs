@@ -149,14 +149,8 @@ impl Reloader {
     /// reserved at start: the whole file is then refused (as one that does
     /// not parse), so later reloads go on from the configuration running.
     fn within_reservation(&self, fresh: Config) -> Result<Config> {
-        let reserved = self.runtime.max_memory_bytes();
         for name in fresh.plugins.keys() {
-            let wanted = fresh.limits_for(name).memory_bytes;
-            if wanted > reserved {
-                anyhow::bail!(
-                    "plugins.{name}: limits.memory_bytes = {wanted} is more than the {reserved} this process reserved for an instance when it started; restart the pool to raise it"
-                );
-            }
+            self.runtime.memory_fits(name, fresh.limits_for(name).memory_bytes)?;
         }
         Ok(fresh)
     }

@@ -177,6 +177,11 @@ async fn call(
         Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: {e}")))),
     };
     let status = response.status();
+    if status.is_redirection() {
+        return Ok(Err(CallError::Permanent(format!(
+            "{endpoint} answered {status}: redirects are not followed; set endpoints.{endpoint}.url to the address that answers"
+        ))));
+    }
     let limit = plugin.limits.max_value_bytes;
     // Read no more than can be used: the start of an error's text, or a
     // response up to the limit (one byte more tells it is over).
@@ -185,11 +190,6 @@ async fn call(
     } else {
         ERROR_TEXT_BYTES
     };
-    if status.is_redirection() {
-        return Ok(Err(CallError::Permanent(format!(
-            "{endpoint} answered {status}: redirects are not followed; set endpoints.{endpoint}.url to the address that answers"
-        ))));
-    }
     let body = match read_at_most(response, cap).await {
         Ok(b) => b,
         Err(e) => return Ok(Err(CallError::Transient(format!("{endpoint}: reading the response failed: {e}")))),

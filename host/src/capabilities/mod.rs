@@ -220,14 +220,15 @@ fn too_large(plugin: &PluginInfo, key: &str, value: &[u8]) -> Option<String> {
     None
 }
 
-/// The reason a store key cannot be stored, if it holds a NUL character: Postgres refuses one in text, and a refused row would fail
-/// the whole group-committed batch of every plugin's writes it rides in.
-/// Refused for every store, so a plugin behaves alike on each.
-fn unstorable(what: &str, text: &str) -> Option<HostAbort> {
-    text.contains('\0').then(|| {
-        let shown = crate::text::truncate_utf8(text.to_string(), 64);
+/// Why a store key cannot be stored, if it holds a NUL character:
+/// Postgres refuses one in text, and a refused row would fail the whole
+/// group-committed batch of every plugin's writes it rides in. Refused for
+/// every store, so a plugin behaves alike on each.
+fn unstorable(key: &str) -> Option<HostAbort> {
+    key.contains('\0').then(|| {
+        let shown = crate::text::truncate_utf8(key.to_string(), 64);
         HostAbort::Unstorable(format!(
-            "{what} {shown:?} contains a NUL character (U+0000), which no data store holds; use a key without it"
+            "store key {shown:?} contains a NUL character (U+0000), which no data store holds; use a key without it"
         ))
     })
 }
@@ -289,8 +290,8 @@ pub(crate) mod tests {
 
     #[test]
     fn a_nul_in_a_store_key_is_unstorable_and_named() {
-        assert!(unstorable("store key", "order-17").is_none());
-        let refused = unstorable("store key", "order\u{0}17").expect("refused").to_string();
+        assert!(unstorable("order-17").is_none());
+        let refused = unstorable("order\u{0}17").expect("refused").to_string();
         assert!(refused.contains("\"order\\017\"") && refused.contains("U+0000"), "{refused}");
     }
 }

@@ -53,7 +53,7 @@ impl ExecutionCaps {
         if let Some(m) = self.collection_denied(collection) {
             return Ok(Err(StoreError::AccessDenied(m)));
         }
-        if let Some(abort) = unstorable("store key", key) {
+        if let Some(abort) = unstorable(key) {
             return Err(self.stop(abort));
         }
         if let Some(m) = too_large(&self.plugin, key, value) {

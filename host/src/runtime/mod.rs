@@ -241,6 +241,19 @@ impl Runtime {
         self.max_memory_bytes
     }
 
+    /// Refuse `memory_bytes` for plugin `name` past what the pool reserved
+    /// when it started: the limiter would grant it and the pool refuse it,
+    /// failing as a misleading trap.
+    pub fn memory_fits(&self, name: &str, memory_bytes: u64) -> Result<()> {
+        if memory_bytes > self.max_memory_bytes {
+            bail!(
+                "plugins.{name}: limits.memory_bytes = {memory_bytes} is more than the {} this process reserved for an instance when it started; restart the pool to raise it",
+                self.max_memory_bytes
+            );
+        }
+        Ok(())
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
@@ -339,16 +352,7 @@ impl Runtime {
                 limits.memory_bytes
             );
         }
-        // The pool reserved its slots for the largest limit configured when
-        // it started; a larger one (a reload) would be granted by the
-        // limiter and refused by the pool, failing as a misleading trap.
-        if limits.memory_bytes > self.max_memory_bytes {
-            bail!(
-                "plugin {name}: limits.memory_bytes = {} is more than the {} this process reserved for an instance when it started; restart the pool to raise it",
-                limits.memory_bytes,
-                self.max_memory_bytes
-            );
-        }
+        self.memory_fits(name, limits.memory_bytes)?;
         Ok(Arc::new(Plugin {
             info: Arc::new(PluginInfo {
                 name: name.to_string(),
