@@ -45,6 +45,11 @@ pub struct ReloadReport {
     pub config_refused: Option<String>,
     /// Global `[limits]` that changed: (setting, old, new), as logged.
     pub limits_changed: Vec<(String, String, String)>,
+    /// Settings the file changed that a running pool cannot take (the
+    /// backends, the worker, a plugin's `celery_task`…), by name, as
+    /// logged: not applied until a restart. Their values are not shown,
+    /// as a URL may hold a password.
+    pub needs_restart: Vec<String>,
 }
 
 /// Reloads the plugins of one pool.
@@ -98,10 +103,13 @@ impl Reloader {
     /// Re-read the configuration file (SIGHUP): new plugin sections are
     /// loaded, changed grants and limits take effect (a change of the
     /// global `[limits]` is logged, setting by setting). Other settings need
-    /// a restart. A file that does not parse is refused and nothing is
-    /// reloaded: the running plugins keep serving as they are.
+    /// a restart: each one changed is logged by name and left as it runs,
+    /// at every reload until the restart. A file that does not parse is
+    /// refused and nothing is reloaded: the running plugins keep serving as
+    /// they are.
     pub async fn reload_config(&self) -> ReloadReport {
         let mut limits_changed = Vec::new();
+        let mut needs_restart = Vec::new();
         if let Some(path) = &self.config_path {
             match Config::load(path).and_then(|fresh| self.within_reservation(fresh)) {
                 Ok(mut fresh) => {
@@ -125,7 +133,12 @@ impl Reloader {
                             Some(_) => {}
                         }
                     }
-                    *config = fresh;
+                    let (next, not_applied) = reloadable_part(&config, &fresh);
+                    for setting in &not_applied {
+                        tracing::warn!(%setting, file = %path.display(), "setting changed in the configuration file but not applied: it takes a restart of the pool");
+                    }
+                    needs_restart = not_applied;
+                    *config = next;
                 }
                 Err(e) => {
                     let why = format!("{e:#}");
@@ -139,10 +152,15 @@ impl Reloader {
                 }
             }
         }
-        ReloadReport {
+        let report = ReloadReport {
             limits_changed,
+            needs_restart,
             ..self.reload(true).await
+        };
+        if !report.needs_restart.is_empty() {
+            self.remember(&report);
         }
+        report
     }
 
     /// `fresh`, unless it gives a plugin more instance memory than the pool
@@ -202,7 +220,7 @@ impl Reloader {
     }
 
     fn remember(&self, report: &ReloadReport) {
-        if report.swapped.is_empty() && report.refused.is_empty() && report.config_refused.is_none() {
+        if report.swapped.is_empty() && report.refused.is_empty() && report.config_refused.is_none() && report.needs_restart.is_empty() {
             return;
         }
         let mut history = self.history.lock().expect("history poisoned");
@@ -267,6 +285,45 @@ impl Reloader {
     }
 }
 
+/// What a running pool takes of `fresh`: the running configuration with
+/// `fresh`'s `[limits]` and plugin sections, each plugin's `celery_task` as
+/// it runs (the Celery broker routes the task names it started with); and
+/// the settings of `fresh` left out, by dotted name.
+fn reloadable_part(running: &Config, fresh: &Config) -> (Config, Vec<String>) {
+    let mut next = running.clone();
+    next.limits = fresh.limits.clone();
+    next.plugins = fresh.plugins.clone();
+    for (name, p) in &mut next.plugins {
+        p.celery_task = running.plugins.get(name).and_then(|old| old.celery_task.clone());
+    }
+    let value = |c: &Config| toml::Value::try_from(c).unwrap_or(toml::Value::Table(toml::Table::new()));
+    let mut left_out = Vec::new();
+    differences(&value(&next), &value(fresh), "", &mut left_out);
+    (next, left_out)
+}
+
+/// The dotted names under which two TOML values differ, down to the
+/// innermost table holding each difference.
+fn differences(old: &toml::Value, new: &toml::Value, at: &str, out: &mut Vec<String>) {
+    match (old, new) {
+        (toml::Value::Table(a), toml::Value::Table(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => differences(x, y, &path, out),
+                    (x, y) if x != y => out.push(path),
+                    _ => {}
+                }
+            }
+        }
+        (a, b) if a != b => out.push(at.to_string()),
+        _ => {}
+    }
+}
+
 /// The fields of two values (as TOML tables) that differ: (name, old, new).
 fn changed_settings<T: serde::Serialize>(old: &T, new: &T) -> Vec<(String, String, String)> {
     let table = |v: &T| match toml::Value::try_from(v) {
@@ -301,6 +358,52 @@ fn refuse(report: &mut ReloadReport, name: &str, runtime: &Runtime, why: String)
 mod tests {
     use super::*;
     use crate::config::Limits;
+
+    #[test]
+    fn settings_a_running_pool_cannot_take_are_named_and_left_as_they_run() {
+        let mut running = Config::default();
+        running.plugins.insert(
+            "pay".into(),
+            PluginConfig {
+                path: "pay.wasm".into(),
+                collections: vec!["payments".into()],
+                endpoints: Vec::new(),
+                key_pointer: None,
+                celery_task: Some("billing.pay".into()),
+                limits: None,
+            },
+        );
+        let mut fresh = running.clone();
+        fresh.worker.concurrency += 1;
+        fresh.namespace = "other".into();
+        fresh.limits.cpu_ms += 1;
+        let pay = fresh.plugins.get_mut("pay").unwrap();
+        pay.celery_task = Some("billing.pay_v2".into());
+        pay.collections.push("ledger".into());
+        let mut added = pay.clone();
+        added.celery_task = Some("billing.refund".into());
+        fresh.plugins.insert("refund".into(), added);
+
+        let (next, left_out) = reloadable_part(&running, &fresh);
+        assert_eq!(
+            left_out,
+            [
+                "namespace",
+                "plugins.pay.celery_task",
+                "plugins.refund.celery_task",
+                "worker.concurrency"
+            ]
+        );
+        assert_eq!(
+            (next.namespace.as_str(), next.worker.concurrency),
+            (running.namespace.as_str(), running.worker.concurrency)
+        );
+        assert_eq!(next.limits.cpu_ms, fresh.limits.cpu_ms, "limits are reloadable");
+        assert_eq!(next.plugins["pay"].collections, ["payments", "ledger"], "grants are reloadable");
+        assert_eq!(next.plugins["pay"].celery_task.as_deref(), Some("billing.pay"));
+        assert_eq!(next.plugins["refund"].celery_task, None);
+        assert!(reloadable_part(&running, &running).1.is_empty());
+    }
 
     #[test]
     fn changed_settings_lists_each_difference_by_name() {

@@ -326,6 +326,28 @@ async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaul
     );
     assert!(report.swapped.iter().any(|(name, _, _)| name == "grant-credits"), "{report:?}");
     assert_eq!(runtime.plugin("grant-credits").unwrap().limits.cpu_ms, config.limits.cpu_ms);
+    assert!(report.needs_restart.is_empty(), "{report:?}");
+
+    // Settings a running pool cannot take (the worker's, the retry
+    // policy's) are named, not applied, and named again at the next
+    // reload while the file still differs; the limits in the same file
+    // are applied.
+    let mut restart = config.clone();
+    restart.worker.concurrency += 3;
+    restart.retry.max_attempts += 1;
+    restart.limits.cpu_ms += 50;
+    std::fs::write(&path, toml::to_string(&restart).unwrap()).unwrap();
+    for _ in 0..2 {
+        let report = reloader.reload_config().await;
+        assert_eq!(report.config_refused, None, "{report:?}");
+        assert_eq!(report.needs_restart, ["retry.max_attempts", "worker.concurrency"], "{report:?}");
+        assert_eq!(runtime.plugin("grant-credits").unwrap().limits.cpu_ms, restart.limits.cpu_ms);
+    }
+    assert!(
+        reloader.history().iter().any(|(_, r)| r.needs_restart.len() == 2),
+        "kept in the reload history the console shows"
+    );
+    let config = restart;
 
     // More memory than the pool reserved at start cannot be given by a
     // reload: the file is refused, naming the limit and the restart, and

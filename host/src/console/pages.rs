@@ -351,7 +351,7 @@ pub async fn plugins(State(c): State<Arc<Console>>) -> Response {
             }
         }
         h2 { "Reloads" }
-        @if history.is_empty() { p { "No plugin was reloaded or refused since this worker started." } } @else {
+        @if history.is_empty() { p { "No plugin was reloaded or refused, and no setting waits for a restart, since this worker started." } } @else {
             table {
                 tr { th { "when" } th { "what" } }
                 @for (at, r) in history.iter().rev() {
@@ -361,6 +361,7 @@ pub async fn plugins(State(c): State<Arc<Console>>) -> Response {
                             @for (name, old, new) in &r.swapped { div { (name) ": " (old.as_deref().unwrap_or("none")) " → " (new) } }
                             @for (name, why) in &r.refused { div.error { (name) " refused: " (why) } }
                             @if let Some(why) = &r.config_refused { div.error { "configuration refused: " (why) } }
+                            @for setting in &r.needs_restart { div.error { (setting) " changed in the file: not applied until a restart" } }
                         }
                     }
                 }
