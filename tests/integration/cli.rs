@@ -268,6 +268,48 @@ fn bench_reports_both_handlers_side_by_side() {
     assert!(out.contains("component / native"), "the table is printed: {out}");
 }
 
+/// `idem bench --scenario g` runs the pool beside its two Redis loops, the
+/// bare one and the one claiming and confirming each message, on as many
+/// messages each (the claims loop checks every entry is claimed once and
+/// confirmed by its holder), and leaves no claim of theirs behind.
+#[test]
+fn bench_g_runs_the_bare_loop_and_the_loop_with_claims() {
+    use crate::common::services;
+    let dir = plugin_dir();
+    let (ok, out, err) = idem(&[
+        "bench",
+        "--scenario",
+        "g",
+        "--handler",
+        "native",
+        "--messages",
+        "300",
+        "--runs",
+        "1",
+        "--latency-messages",
+        "0",
+        "--json",
+        "--plugins",
+        dir.to_str().unwrap(),
+        "--redis-url",
+        &services::redis(),
+        "--postgres-url",
+        &services::postgres(),
+    ]);
+    assert!(ok, "{out}{err}");
+    let r: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).expect("the last line is JSON");
+    let runs = r["runs"].as_array().unwrap();
+    let handlers: Vec<&str> = runs.iter().map(|x| x["handler"].as_str().unwrap()).collect();
+    assert_eq!(handlers, ["native", "redis-loop", "redis-claims-loop"], "{r}");
+    for run in runs {
+        assert_eq!(run["messages"], 300, "{run}");
+        assert!(run["rate"].as_f64().unwrap() > 0.0, "{run}");
+    }
+    let mut conn = redis::Client::open(services::redis()).unwrap().get_connection().unwrap();
+    let left: Vec<String> = redis::cmd("KEYS").arg("idem_bench_*:loop-claim:*").query(&mut conn).unwrap();
+    assert!(left.is_empty(), "the claims loop's hashes are cleaned up: {} left", left.len());
+}
+
 /// `idem run` against servers that are not there, or that refuse the
 /// credentials: it fails at start, naming the setting to fix.
 #[test]

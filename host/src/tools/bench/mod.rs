@@ -24,7 +24,9 @@
 //! doing the same upsert one record at a time (`kafka_loop`, reported as
 //! `rdkafka-loop`); scenario g, a bare `XREADGROUP` + `XACK` loop on the
 //! same stream (`redis_loop`, reported as `redis-loop`): what the
-//! idempotency machinery costs over the broker alone.
+//! idempotency machinery costs over the broker alone; and that loop with a
+//! claim and a confirm per message in Redis (`redis-claims-loop`): the floor of
+//! what keeping claims in Redis costs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -274,10 +276,10 @@ pub async fn run(args: &BenchArgs) -> Result<BenchReport> {
                 );
                 runs.push(figures);
             }
-            if matches!(scenario, Scenario::F | Scenario::G) {
-                let figures = baseline::run(args, scenario)
+            for &which in baseline::loops(scenario) {
+                let figures = baseline::run(args, scenario, which)
                     .await
-                    .with_context(|| format!("scenario {scenario:?} (baseline loop), run {}", i + 1))?;
+                    .with_context(|| format!("scenario {scenario:?} ({which:?} loop), run {}", i + 1))?;
                 eprintln!(
                     "bench {:?} {:<6} run {}: {:>8.0} msg/s  cpu {:.3} s/1k",
                     scenario,

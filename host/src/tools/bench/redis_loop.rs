@@ -4,6 +4,16 @@
 //! follows: what the broker costs with nothing around it. No claims, no
 //! store, no handler, not even parsing the entries: the ceiling the
 //! idempotency machinery is measured against.
+//!
+//! `redis-claims-loop` is the same loop with the least a consumer that claims
+//! and confirms each message in Redis must add: per batch, one script that
+//! claims each entry (one string set only if absent, holding what a claim
+//! must: state, fence, lease, attempts, payload hash) and one that confirms
+//! each (reads it, checks the state and fence, marks it done). No
+//! visibility per delivery, no counts, no retention index, no dead letters,
+//! no parsing, no handler, and the cheapest form a claim can take in Redis:
+//! a floor under any pipeline that keeps claims and fences there, Idem's
+//! included.
 
 use std::time::{Duration, Instant};
 
@@ -14,12 +24,47 @@ use redis::AsyncCommands;
 use super::process::{cpu_seconds, peak_rss_kib, reset_peak_rss};
 use super::{RunFigures, Scenario};
 
-/// The handler name the baseline's figures carry.
+/// The handler name the bare loop's figures carry.
 pub(super) const NAME: &str = "redis-loop";
+/// The handler name of the loop with a claim and a confirm per message.
+pub(super) const CLAIMS_NAME: &str = "redis-claims-loop";
+
+/// Claim each key named: a new claim is written running with fence 1,
+/// `state|fence|lease|attempts|payload hash`; an existing one is left as
+/// it is and answered 0 (it would be busy or done).
+/// KEYS: claims; ARGV[1]: lease end (ms); ARGV[1+i]: payload hash i.
+const CLAIM: &str = r"
+local out = {}
+for i, k in ipairs(KEYS) do
+  if redis.call('SET', k, 'running|1|' .. ARGV[1] .. '|1|' .. ARGV[1 + i], 'NX') then
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+";
+
+/// Confirm each claim that is running with fence 1.
+const CONFIRM: &str = r"
+local out = {}
+for i, k in ipairs(KEYS) do
+  local v = redis.call('GET', k)
+  if v and string.sub(v, 1, 10) == 'running|1|' then
+    redis.call('SET', k, 'done|1')
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+";
 
 /// Consume the `n` entries already published to `stream` through a consumer
-/// group of its own, `batch` at a time, timed from the first read.
-pub(super) async fn run(redis_url: &str, stream: &str, n: usize, batch: usize) -> Result<RunFigures> {
+/// group of its own, `batch` at a time, timed from the first read; with
+/// `claims`, claiming each entry before its ack and confirming it after
+/// (claims under the key prefix `claims`).
+pub(super) async fn run(redis_url: &str, stream: &str, n: usize, batch: usize, claims: Option<&str>) -> Result<RunFigures> {
     let client = redis::Client::open(redis_url).context("the baseline's Redis URL")?;
     let mut conn = client.get_multiplexed_async_connection().await.context("the baseline's Redis")?;
     let group = "bench-loop";
@@ -28,6 +73,7 @@ pub(super) async fn run(redis_url: &str, stream: &str, n: usize, batch: usize) -
         .await
         .context("creating the baseline's consumer group")?;
     let options = StreamReadOptions::default().group(group, "loop").count(batch);
+    let (claim, confirm) = (redis::Script::new(CLAIM), redis::Script::new(CONFIRM));
     reset_peak_rss();
     let started = Instant::now();
     let cpu0 = cpu_seconds();
@@ -42,13 +88,34 @@ pub(super) async fn run(redis_url: &str, stream: &str, n: usize, batch: usize) -
             );
             continue;
         }
+        if let Some(prefix) = claims {
+            let keys: Vec<String> = ids.iter().map(|id| format!("{prefix}{id}")).collect();
+            let lease = crate::now_ms() + 30_000;
+            let mut invocation = claim.prepare_invoke();
+            invocation.arg(lease);
+            for (key, id) in keys.iter().zip(&ids) {
+                // As long as a SHA-256 in hex, as a claim's payload hash is.
+                invocation.key(key).arg(format!("{id:0>64}"));
+            }
+            let claimed: Vec<i64> = invocation.invoke_async(&mut conn).await?;
+            anyhow::ensure!(claimed.iter().all(|&c| c == 1), "the claims loop found an entry claimed twice");
+            let mut invocation = confirm.prepare_invoke();
+            for key in &keys {
+                invocation.key(key);
+            }
+            let confirmed: Vec<i64> = invocation.invoke_async(&mut conn).await?;
+            anyhow::ensure!(
+                confirmed.iter().all(|&c| c == 1),
+                "the claims loop could not confirm a claim it held"
+            );
+        }
         let _: u64 = conn.xack(stream, group, &ids).await?;
         done += ids.len();
     }
     let seconds = started.elapsed().as_secs_f64();
     Ok(RunFigures {
         scenario: Scenario::G,
-        handler: NAME,
+        handler: if claims.is_some() { CLAIMS_NAME } else { NAME },
         messages: n,
         seconds,
         rate: n as f64 / seconds.max(f64::EPSILON),
