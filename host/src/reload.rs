@@ -46,9 +46,10 @@ pub struct ReloadReport {
     /// Global `[limits]` that changed: (setting, old, new), as logged.
     pub limits_changed: Vec<(String, String, String)>,
     /// Settings the file changed that a running pool cannot take (the
-    /// backends, the worker, a plugin's `celery_task`…), by name, as
-    /// logged: not applied until a restart. Their values are not shown,
-    /// as a URL may hold a password.
+    /// backends, the worker, a plugin's `celery_task` or `key_pointer`, a
+    /// plugin removed, which stays loaded…), by dotted name, as logged: not
+    /// applied until a restart. Their values are not shown, as a URL may
+    /// hold a password.
     pub needs_restart: Vec<String>,
 }
 
@@ -104,7 +105,7 @@ impl Reloader {
     /// loaded, changed grants and limits take effect (a change of the
     /// global `[limits]` is logged, setting by setting). Other settings need
     /// a restart: each one changed is logged by name and left as it runs,
-    /// at every reload until the restart. A file that does not parse is
+    /// at every SIGHUP until the restart. A file that does not parse is
     /// refused and nothing is reloaded: the running plugins keep serving as
     /// they are.
     pub async fn reload_config(&self) -> ReloadReport {
@@ -122,6 +123,7 @@ impl Reloader {
                         match fresh.plugins.get_mut(name) {
                             None => {
                                 tracing::warn!(plugin = %name, "plugin removed from the configuration; it stays loaded until the pool restarts");
+                                needs_restart.push(format!("plugins.{name}"));
                             }
                             // The key pointer decides the idempotency key: a
                             // new one would let a redelivery of a message
@@ -129,6 +131,7 @@ impl Reloader {
                             Some(p) if p.key_pointer != old.key_pointer => {
                                 tracing::error!(plugin = %name, "plugins.{name}.key_pointer changed: not applied, the idempotency keys must stay the same while messages are in flight; drain the queue and restart to change it");
                                 p.key_pointer = old.key_pointer.clone();
+                                needs_restart.push(format!("plugins.{name}.key_pointer"));
                             }
                             Some(_) => {}
                         }
@@ -137,7 +140,8 @@ impl Reloader {
                     for setting in &not_applied {
                         tracing::warn!(%setting, file = %path.display(), "setting changed in the configuration file but not applied: it takes a restart of the pool");
                     }
-                    needs_restart = not_applied;
+                    needs_restart.extend(not_applied);
+                    needs_restart.sort();
                     *config = next;
                 }
                 Err(e) => {
@@ -155,11 +159,9 @@ impl Reloader {
         let report = ReloadReport {
             limits_changed,
             needs_restart,
-            ..self.reload(true).await
+            ..self.reload_unrecorded(true).await
         };
-        if !report.needs_restart.is_empty() {
-            self.remember(&report);
-        }
+        self.remember(&report);
         report
     }
 
@@ -176,6 +178,13 @@ impl Reloader {
     /// Recompile every plugin whose file changed (or, with `force_settings`,
     /// whose grants or limits may have changed) and swap it in.
     pub async fn reload(&self, force_settings: bool) -> ReloadReport {
+        let report = self.reload_unrecorded(force_settings).await;
+        self.remember(&report);
+        report
+    }
+
+    /// [`Reloader::reload`], leaving the report for the caller to record.
+    async fn reload_unrecorded(&self, force_settings: bool) -> ReloadReport {
         let _one = self.running.lock().await;
         let (plugins, config) = {
             let config = self.config.lock().expect("config poisoned");
@@ -209,7 +218,6 @@ impl Reloader {
                 Err(e) => refuse(&mut report, &name, &self.runtime, format!("{e:#}")),
             }
         }
-        self.remember(&report);
         report
     }
 
@@ -219,11 +227,18 @@ impl Reloader {
         self.history.lock().expect("history poisoned").iter().cloned().collect()
     }
 
+    /// Keep `report` in the history if it changed or refused something, or
+    /// names settings waiting for a restart other than the last entry did
+    /// (a SIGHUP repeated with the same file adds nothing).
     fn remember(&self, report: &ReloadReport) {
         if report.swapped.is_empty() && report.refused.is_empty() && report.config_refused.is_none() && report.needs_restart.is_empty() {
             return;
         }
         let mut history = self.history.lock().expect("history poisoned");
+        let only_waiting = report.swapped.is_empty() && report.refused.is_empty() && report.config_refused.is_none();
+        if only_waiting && history.back().is_some_and(|(_, last)| last.needs_restart == report.needs_restart) {
+            return;
+        }
         if history.len() == HISTORY {
             history.pop_front();
         }
@@ -287,14 +302,18 @@ impl Reloader {
 
 /// What a running pool takes of `fresh`: the running configuration with
 /// `fresh`'s `[limits]` and plugin sections, each plugin's `celery_task` as
-/// it runs (the Celery broker routes the task names it started with); and
-/// the settings of `fresh` left out, by dotted name.
+/// it runs (the Celery broker routes the task names it started with) and
+/// its grants of endpoints the pool started with; and the settings of
+/// `fresh` left out, by dotted name.
 fn reloadable_part(running: &Config, fresh: &Config) -> (Config, Vec<String>) {
     let mut next = running.clone();
     next.limits = fresh.limits.clone();
     next.plugins = fresh.plugins.clone();
     for (name, p) in &mut next.plugins {
         p.celery_task = running.plugins.get(name).and_then(|old| old.celery_task.clone());
+        // Endpoints are set up at start: a grant of one the pool does not
+        // have would only fail every call.
+        p.endpoints.retain(|e| running.endpoints.contains_key(e));
     }
     let value = |c: &Config| toml::Value::try_from(c).unwrap_or(toml::Value::Table(toml::Table::new()));
     let mut left_out = Vec::new();
@@ -377,9 +396,17 @@ mod tests {
         fresh.worker.concurrency += 1;
         fresh.namespace = "other".into();
         fresh.limits.cpu_ms += 1;
+        fresh.endpoints.insert(
+            "bank".into(),
+            crate::config::EndpointConfig {
+                url: "http://127.0.0.1:9/".into(),
+                timeout_ms: 1000,
+            },
+        );
         let pay = fresh.plugins.get_mut("pay").unwrap();
         pay.celery_task = Some("billing.pay_v2".into());
         pay.collections.push("ledger".into());
+        pay.endpoints.push("bank".into());
         let mut added = pay.clone();
         added.celery_task = Some("billing.refund".into());
         fresh.plugins.insert("refund".into(), added);
@@ -388,9 +415,12 @@ mod tests {
         assert_eq!(
             left_out,
             [
+                "endpoints.bank",
                 "namespace",
                 "plugins.pay.celery_task",
+                "plugins.pay.endpoints",
                 "plugins.refund.celery_task",
+                "plugins.refund.endpoints",
                 "worker.concurrency"
             ]
         );
@@ -401,6 +431,7 @@ mod tests {
         assert_eq!(next.limits.cpu_ms, fresh.limits.cpu_ms, "limits are reloadable");
         assert_eq!(next.plugins["pay"].collections, ["payments", "ledger"], "grants are reloadable");
         assert_eq!(next.plugins["pay"].celery_task.as_deref(), Some("billing.pay"));
+        assert!(next.plugins["pay"].endpoints.is_empty(), "no grant of an endpoint the pool lacks");
         assert_eq!(next.plugins["refund"].celery_task, None);
         assert!(reloadable_part(&running, &running).1.is_empty());
     }

@@ -307,7 +307,7 @@ fn bench_g_runs_the_bare_loop_and_the_loop_with_claims() {
     }
     let mut conn = redis::Client::open(services::redis()).unwrap().get_connection().unwrap();
     let left: Vec<String> = redis::cmd("KEYS").arg("idem_bench_*:loop-claim:*").query(&mut conn).unwrap();
-    assert!(left.is_empty(), "the claims loop's hashes are cleaned up: {} left", left.len());
+    assert!(left.is_empty(), "the claims loop's claims are cleaned up: {} left", left.len());
 }
 
 /// `idem run` against servers that are not there, or that refuse the

@@ -25,8 +25,8 @@
 //! `rdkafka-loop`); scenario g, a bare `XREADGROUP` + `XACK` loop on the
 //! same stream (`redis_loop`, reported as `redis-loop`): what the
 //! idempotency machinery costs over the broker alone; and that loop with a
-//! claim and a confirm per message in Redis (`redis-claims-loop`): the floor of
-//! what keeping claims in Redis costs.
+//! claim and a confirm per message in Redis (`redis-claims-loop`): what
+//! claiming there costs when nothing else is done.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,15 +5,16 @@
 //! store, no handler, not even parsing the entries: the ceiling the
 //! idempotency machinery is measured against.
 //!
-//! `redis-claims-loop` is the same loop with the least a consumer that claims
-//! and confirms each message in Redis must add: per batch, one script that
-//! claims each entry (one string set only if absent, holding what a claim
-//! must: state, fence, lease, attempts, payload hash) and one that confirms
-//! each (reads it, checks the state and fence, marks it done). No
-//! visibility per delivery, no counts, no retention index, no dead letters,
-//! no parsing, no handler, and the cheapest form a claim can take in Redis:
-//! a floor under any pipeline that keeps claims and fences there, Idem's
-//! included.
+//! `redis-claims-loop` is the same loop with a claim and a confirm a message
+//! in Redis and nothing else: per batch, one script that claims each entry
+//! (one string set only if absent, holding what a claim must: state, fence,
+//! lease, attempts, payload hash) and one that confirms each (reads it,
+//! checks the state and fence, marks it done). No visibility per delivery,
+//! no counts, no retention index, no dead letters, no parsing, no handler,
+//! and the cheapest form a claim can take in Redis. It is a reference, not
+//! a lower bound: it makes four round trips a batch, one batch at a time,
+//! where a consumer could read and claim in one script, confirm and ack in
+//! another, and keep several batches in flight.
 
 use std::time::{Duration, Instant};
 
