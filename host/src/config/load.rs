@@ -15,7 +15,9 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}: check the --config path", path.display()))?;
-        let mut config: Config = toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))?;
+        let mut config: Config = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!(parse_error(&text, &e)))
+            .with_context(|| format!("config file {} is not valid", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         for plugin in config.plugins.values_mut() {
             if plugin.path.is_relative() {
@@ -292,6 +294,20 @@ impl Config {
     }
 }
 
+/// Where a file failed to parse and why: `line L, column C: message`.
+/// toml's own report quotes the line, and a configuration's lines hold
+/// URLs with passwords: this error is logged, and shown by the console when
+/// a reload refuses the file.
+fn parse_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end();
+    let Some(before) = e.span().and_then(|span| text.get(..span.start)) else {
+        return message.to_string();
+    };
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}: {message}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,5 +375,18 @@ mod tests {
     fn unknown_settings_are_refused_by_name() {
         let err = toml::from_str::<Config>("[worker]\nconcurency = 2\n").unwrap_err().to_string();
         assert!(err.contains("concurency"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_is_placed_without_quoting_its_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idem.toml");
+        std::fs::write(&path, "[broker]\nkind = \"redis\"\nurl = \"redis://:hunter2@10.0.0.5:6379\n").unwrap();
+        let err = format!("{:#}", Config::load(&path).unwrap_err());
+        assert!(err.contains("idem.toml is not valid") && err.contains("line 3, column "), "{err}");
+        assert!(!err.contains("hunter2"), "the line's text is not quoted: {err}");
+        std::fs::write(&path, "[worker]\nconcurency = 2\n").unwrap();
+        let err = format!("{:#}", Config::load(&path).unwrap_err());
+        assert!(err.contains("line 2, column 1: unknown field `concurency`"), "{err}");
     }
 }
