@@ -453,6 +453,64 @@ async fn shutdown_releases_what_waits_for_room_in_the_confirm_queue() {
     assert_eq!((c.done, c.fence_rejections), (2, 0), "{c:?}");
 }
 
+/// A message whose handler has returned gives its place in hand back while
+/// its writes commit, for a place among those settling. With one slot and
+/// one place, the data table locked so the first upsert cannot commit: the
+/// second message is fetched and run meanwhile, the third is not (the one
+/// place settling is taken, so the second keeps its place), nothing is
+/// confirmed before its write, and once the lock goes all three are done.
+/// (Before, a message kept its place until its writes had committed, and
+/// the second waited for the first's commit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_for_its_commit_does_not_keep_the_next_one_out() {
+    let mut env = Env::new().await;
+    env.config.namespace = unique_namespace("settling");
+    env.use_postgres(4);
+    env.config.worker.concurrency = 1;
+    env.config.worker.prefetch = 1;
+    let pool = start_hooked(&env, Default::default()).await;
+    let ns = env.config.namespace.clone();
+    let pg = idem_host::backend::open_postgres(&services::postgres(), &ns, 1, "data")
+        .await
+        .unwrap();
+    let mut holder = pg.begin().await.unwrap();
+    sqlx::query("LOCK TABLE kv IN EXCLUSIVE MODE").execute(&mut *holder).await.unwrap();
+    let users = ["u-settle-1", "u-settle-2", "u-settle-3"];
+    let grants: Vec<_> = users
+        .iter()
+        .map(|u| envelope(&format!("g-{u}"), "grant-credits", json!({ "user": u, "balance": 3 })))
+        .collect();
+    pool.backends.broker.publish(&grants, Duration::ZERO).await.unwrap();
+    let counters = pool.counters.clone();
+    wait_until(
+        Duration::from_secs(30),
+        "a second handler to run while the first upsert waits for the lock",
+        || {
+            let counters = counters.clone();
+            async move { counters.snapshot().executions >= 2 }
+        },
+    )
+    .await;
+    let c = pool.counters.snapshot();
+    assert_eq!((c.executions, c.done), (2, 0), "the third waits, nothing is confirmed: {c:?}");
+    for u in users {
+        let state = pool.backends.admin.state("grant-credits", &format!("g-{u}")).await.unwrap();
+        assert_ne!(state.map(|s| s.as_str()), Some("done"), "{u} confirmed before its write");
+    }
+    holder.rollback().await.unwrap();
+    wait_until(Duration::from_secs(30), "the three messages done", || {
+        let counters = counters.clone();
+        async move { counters.snapshot().done >= 3 }
+    })
+    .await;
+    for u in users {
+        assert!(pool.backends.data.get("credits", u).await.unwrap().is_some(), "{u} written");
+    }
+    let c = pool.counters.snapshot();
+    assert_eq!((c.executions, c.done, c.fence_rejections), (3, 3, 0), "{c:?}");
+    pool.stop().await.unwrap();
+}
+
 /// G3 and G5 with clocks that disagree. Worker B's wall clock runs two
 /// leases ahead of A's; A's handler is held inside its charge until B has
 /// been told the key is busy and A's heartbeat has carried its lease past

@@ -14,9 +14,10 @@
 //! place in hand, fetch a batch of at most as many deliveries as there are
 //! free places (`worker.prefetch` per slot), admit (claim) it, and spawn a
 //! task per admitted message,
-//! which waits for a handler slot to run. A slot is free again when its
-//! handler returns; the message stays in hand until its queued writes have
-//! committed and it is settled.
+//! which waits for a handler slot to run. When its handler returns, a
+//! message trades its slot and its place in hand for a place among those
+//! settling (as many as there are places in hand) and keeps it until its
+//! queued writes have committed and it is settled.
 
 mod admit;
 mod confirm;
@@ -43,6 +44,7 @@ use crate::stats::Counters;
 use confirm::ConfirmQueue;
 pub use durations::{percentile, Durations};
 use heartbeat::InFlight;
+use run::Held;
 
 /// How a worker behaves.
 #[derive(Debug, Clone)]
@@ -160,6 +162,10 @@ impl Worker {
         });
         let slots = Arc::new(Semaphore::new(self.options.concurrency));
         let in_hand = Arc::new(Semaphore::new(self.options.concurrency * self.options.prefetch));
+        // Executions whose handler has returned and whose writes, confirm
+        // and ack are still under way: bounded apart from the places in
+        // hand, so the commit's wait does not keep the next messages out.
+        let settling = Arc::new(Semaphore::new(self.options.concurrency * self.options.prefetch));
         let mut tasks = tokio::task::JoinSet::new();
         let mut backoff = self.options.poll_idle;
         loop {
@@ -192,13 +198,13 @@ impl Worker {
             }
             let admitted = self.admit(deliveries).await;
             for admission in admitted.run {
-                let held = held.pop().expect("a place in hand per fetched delivery");
+                let place = held.pop().expect("a place in hand per fetched delivery");
                 let this = self.clone();
                 let slots = slots.clone();
+                let settling = settling.clone();
                 tasks.spawn(async move {
                     let slot = slots.acquire_owned().await.expect("semaphore closed");
-                    this.execute(admission, slot).await;
-                    drop(held);
+                    this.execute(admission, Held { slot, place, settling }).await;
                 });
             }
             while let Some(done) = tasks.try_join_next() {

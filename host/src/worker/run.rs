@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::admit::Admission;
@@ -12,9 +12,20 @@ use super::Worker;
 use crate::capabilities::Execution;
 use crate::stats::Counters;
 
+/// What a message holds while its handler runs.
+pub(super) struct Held {
+    /// Its handler slot.
+    pub slot: OwnedSemaphorePermit,
+    /// Its place in hand, taken when it was fetched.
+    pub place: OwnedSemaphorePermit,
+    /// The places of messages settling, one of which it takes when its
+    /// handler returns.
+    pub settling: Arc<Semaphore>,
+}
+
 impl Worker {
     /// Run one admission to its settlement.
-    pub(super) async fn execute(self: Arc<Self>, a: Admission, slot: OwnedSemaphorePermit) {
+    pub(super) async fn execute(self: Arc<Self>, a: Admission, held: Held) {
         Counters::inc(&self.counters.executions);
         let k = &a.candidate;
         let span = tracing::info_span!("message", plugin = %k.plugin.name, key = %k.key, attempt = a.attempt, fence = a.claim.as_ref().map(|c| c.fence));
@@ -30,10 +41,17 @@ impl Worker {
         let started = std::time::Instant::now();
         let outcome = self.runtime.run(&self.caps, &k.plugin, exec).instrument(span.clone()).await;
         self.durations.record(&k.plugin.name, started.elapsed().as_secs_f64());
-        // The handler is done with its slot; its queued writes commit
-        // without it, and nothing is settled before they have.
-        drop(slot);
+        // The handler is done with its slot and its place in hand: its
+        // attempt is spent, so a crash from here on costs no message an
+        // attempt it did not run. Its queued writes commit without them,
+        // and nothing is settled before they have. A place among those
+        // settling is taken first, so a message always holds one of the
+        // two and what waits for commits stays bounded.
+        let settling = held.settling.acquire_owned().await.expect("semaphore closed");
+        drop(held.slot);
+        drop(held.place);
         let outcome = outcome.after_writes(&writes).await;
         self.settle(a, outcome).instrument(span).await;
+        drop(settling);
     }
 }
