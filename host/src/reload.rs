@@ -11,7 +11,8 @@
 //! completes it triggers the next reload.
 //!
 //! Reloads happen when a plugin file changes (the `notify` crate watches
-//! the plugin directories, `worker.watch_plugins`) and on SIGHUP, which also
+//! the plugin directories, those of plugins a SIGHUP adds included,
+//! `worker.watch_plugins`) and on SIGHUP, which also
 //! re-reads the configuration file for new or changed `[plugins.NAME]`
 //! sections.
 
@@ -64,6 +65,10 @@ pub struct Reloader {
     running: tokio::sync::Mutex<()>,
     /// The reloads that changed or refused something, newest last.
     history: Mutex<std::collections::VecDeque<(i64, ReloadReport)>>,
+    /// The file watcher, once [`Reloader::watch`] started it, and the
+    /// directories it watches: a plugin a SIGHUP adds in another directory
+    /// is watched from then on.
+    watching: Mutex<Option<(notify::RecommendedWatcher, BTreeSet<PathBuf>)>>,
 }
 
 /// Reloads kept in [`Reloader::history`].
@@ -80,6 +85,7 @@ impl Reloader {
             config: Mutex::new(config),
             running: tokio::sync::Mutex::new(()),
             history: Mutex::default(),
+            watching: Mutex::default(),
         })
     }
 
@@ -143,6 +149,8 @@ impl Reloader {
                     needs_restart.extend(not_applied);
                     needs_restart.sort();
                     *config = next;
+                    drop(config);
+                    self.watch_new_dirs();
                 }
                 Err(e) => {
                     let why = format!("{e:#}");
@@ -270,17 +278,18 @@ impl Reloader {
             }
         })
         .context("cannot start watching the plugin files")?;
-        for dir in self.watched_dirs() {
-            watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| {
+        let dirs = self.watched_dirs();
+        for dir in &dirs {
+            watcher.watch(dir, RecursiveMode::NonRecursive).with_context(|| {
                 format!(
                     "cannot watch {} for plugin changes (set worker.watch_plugins = false to run without)",
                     dir.display()
                 )
             })?;
         }
+        *self.watching.lock().expect("watcher poisoned") = Some((watcher, dirs));
         let this = self.clone();
         Ok(tokio::spawn(async move {
-            let _watcher = watcher;
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -297,6 +306,33 @@ impl Reloader {
                 this.reload(false).await;
             }
         }))
+    }
+
+    /// Watch the directories of plugins added since the watcher started (a
+    /// SIGHUP's new sections). One that cannot be watched is logged, naming
+    /// it: its plugin then reloads on SIGHUP only.
+    fn watch_new_dirs(&self) {
+        // The configuration's lock is not held here: the watcher's callback
+        // takes it, and adding a watch waits for the watcher's thread.
+        let dirs = self.watched_dirs();
+        let mut watching = self.watching.lock().expect("watcher poisoned");
+        let Some((watcher, watched)) = watching.as_mut() else { return };
+        for dir in dirs {
+            if watched.contains(&dir) {
+                continue;
+            }
+            match watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "watching a new plugin directory");
+                    watched.insert(dir);
+                }
+                Err(e) => tracing::warn!(
+                    dir = %dir.display(),
+                    error = %e,
+                    "cannot watch the new plugin directory; its plugins reload on SIGHUP only"
+                ),
+            }
+        }
     }
 }
 

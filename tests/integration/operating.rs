@@ -289,6 +289,46 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
     assert_eq!((counts.done, counts.dead_letters), (50, 0));
 }
 
+/// A plugin a SIGHUP adds from a directory the watcher was not watching is
+/// watched from then on: replacing its file swaps it in without another
+/// SIGHUP. (Before, only the directories of the plugins configured at start
+/// were watched, and the new plugin reloaded on SIGHUP alone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_added_by_sighup_in_a_new_directory_is_watched() {
+    let (env, _, original) = reload_env(true).await;
+    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
+    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
+    let path = env.dir.path().join("idem.toml");
+    std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
+    let backends = backend::open(&env.config).await.unwrap();
+    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    reloader.watch(stop.clone()).unwrap();
+
+    let elsewhere = env.dir.path().join("added");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let file = elsewhere.join("grant_credits_too.wasm");
+    std::fs::write(&file, &original).unwrap();
+    let mut config = env.config.clone();
+    let mut added = config.plugins["grant-credits"].clone();
+    added.path = file.clone();
+    config.plugins.insert("grant-credits-too".to_string(), added);
+    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    let report = reloader.reload_config().await;
+    assert!(report.swapped.iter().any(|(name, _, _)| name == "grant-credits-too"), "{report:?}");
+    let v1 = runtime.plugin("grant-credits-too").unwrap().version.clone();
+
+    let v2_bytes = with_custom_section(&original, "v2");
+    std::fs::write(&file, &v2_bytes).unwrap();
+    let v2 = idem_host::plugin::version_of(&v2_bytes);
+    wait_until(Duration::from_secs(30), "the added plugin's new file to be swapped in", || async {
+        runtime.plugin("grant-credits-too").is_some_and(|p| p.version == v2)
+    })
+    .await;
+    assert_ne!(v1, v2);
+    stop.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaults_are_reported() {
     let (env, file, original) = reload_env(false).await;
