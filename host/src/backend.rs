@@ -305,12 +305,14 @@ pub async fn open(config: &Config) -> Result<Backends> {
         BrokerKind::Sqlite => Arc::new(crate::broker::sqlite::SqliteBroker::new(sqlite_pool())),
         BrokerKind::Redis => Arc::new(crate::broker::redis::RedisBroker::connect(config.broker.url()?, ns).await?),
         BrokerKind::Rabbitmq => {
-            // Four times what the worker holds: as many again wait for
-            // their batched confirm and ack after leaving its hands, and
-            // twice that keeps deliveries arriving ahead of the fetches.
-            // With twice, the inbox ran dry while acks were on their way
-            // and scenario c ran 15% slower (BENCHMARKS.md, item 13).
-            let held = config.worker.concurrency.saturating_mul(config.worker.prefetch).saturating_mul(4);
+            // Five times the places in hand: as many again settling (their
+            // writes committing), as many again waiting for their batched
+            // confirm and ack, and twice that keeps deliveries arriving
+            // ahead of the fetches. With twice the places, the inbox ran
+            // dry while acks were on their way and scenario c ran 15%
+            // slower (BENCHMARKS.md, item 13); the fifth keeps that room
+            // since messages settling have their own places (item 24).
+            let held = config.worker.concurrency.saturating_mul(config.worker.prefetch).saturating_mul(5);
             let prefetch = u16::try_from(held).unwrap_or(u16::MAX);
             Arc::new(crate::broker::amqp::AmqpBroker::connect_with_prefetch(config.broker.url()?, ns, prefetch).await?)
         }

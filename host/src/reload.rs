@@ -264,17 +264,17 @@ impl Reloader {
     }
 
     /// Watch the plugin directories; reload after each burst of changes.
-    /// Runs until `stop` is cancelled.
+    /// Runs until `stop` is cancelled, which also stops the watcher.
     pub fn watch(self: &Arc<Self>, stop: CancellationToken) -> Result<tokio::task::JoinHandle<()>> {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-        let files = self.clone();
+        // Weak: the reloader keeps the watcher, which keeps this callback.
+        let files = Arc::downgrade(self);
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             // Only the plugin files count: other files in the directory (a
             // SQLite database, say) may change all the time.
-            if let Ok(e) = event {
-                if !e.kind.is_access() && e.paths.iter().any(|p| files.is_plugin_file(p)) {
-                    let _ = tx.send(());
-                }
+            let (Ok(e), Some(files)) = (event, files.upgrade()) else { return };
+            if !e.kind.is_access() && e.paths.iter().any(|p| files.is_plugin_file(p)) {
+                let _ = tx.send(());
             }
         })
         .context("cannot start watching the plugin files")?;
@@ -290,22 +290,28 @@ impl Reloader {
         *self.watching.lock().expect("watcher poisoned") = Some((watcher, dirs));
         let this = self.clone();
         Ok(tokio::spawn(async move {
+            this.reload_on_changes(&mut rx, &stop).await;
+            this.watching.lock().expect("watcher poisoned").take();
+        }))
+    }
+
+    /// Reload after each burst of plugin file changes, until `stop`.
+    async fn reload_on_changes(&self, rx: &mut mpsc::UnboundedReceiver<()>, stop: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                got = rx.recv() => if got.is_none() { return },
+            }
+            // Wait for the burst of events to end.
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(QUIET) => break,
                     got = rx.recv() => if got.is_none() { return },
                 }
-                // Wait for the burst of events to end.
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(QUIET) => break,
-                        got = rx.recv() => if got.is_none() { return },
-                    }
-                }
-                this.reload(false).await;
             }
-        }))
+            self.reload(false).await;
+        }
     }
 
     /// Watch the directories of plugins added since the watcher started (a

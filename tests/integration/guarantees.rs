@@ -491,8 +491,16 @@ async fn a_message_waiting_for_its_commit_does_not_keep_the_next_one_out() {
         },
     )
     .await;
-    let c = pool.counters.snapshot();
-    assert_eq!((c.executions, c.done), (2, 0), "the third waits, nothing is confirmed: {c:?}");
+    // The third must not start while the one place settling is taken: no
+    // event marks "not fetched", so watch for 30 fetch-loop idle pauses
+    // (`worker.poll_idle_ms`), in which an unbounded pool fetches, claims
+    // and runs it.
+    let watch_until = std::time::Instant::now() + Duration::from_millis(env.config.worker.poll_idle_ms * 30);
+    while std::time::Instant::now() < watch_until {
+        let c = pool.counters.snapshot();
+        assert_eq!((c.executions, c.done), (2, 0), "the third waits, nothing is confirmed: {c:?}");
+        tokio::time::sleep(Duration::from_millis(env.config.worker.poll_idle_ms)).await;
+    }
     for u in users {
         let state = pool.backends.admin.state("grant-credits", &format!("g-{u}")).await.unwrap();
         assert_ne!(state.map(|s| s.as_str()), Some("done"), "{u} confirmed before its write");

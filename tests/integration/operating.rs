@@ -292,7 +292,8 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
 /// A plugin a SIGHUP adds from a directory the watcher was not watching is
 /// watched from then on: replacing its file swaps it in without another
 /// SIGHUP. (Before, only the directories of the plugins configured at start
-/// were watched, and the new plugin reloaded on SIGHUP alone.)
+/// were watched, and the new plugin reloaded on SIGHUP alone.) Stopping the
+/// watcher drops it and what it held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_added_by_sighup_in_a_new_directory_is_watched() {
     let (env, _, original) = reload_env(true).await;
@@ -303,7 +304,7 @@ async fn a_plugin_added_by_sighup_in_a_new_directory_is_watched() {
     let backends = backend::open(&env.config).await.unwrap();
     let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
     let stop = tokio_util::sync::CancellationToken::new();
-    reloader.watch(stop.clone()).unwrap();
+    let watching = reloader.watch(stop.clone()).unwrap();
 
     let elsewhere = env.dir.path().join("added");
     std::fs::create_dir(&elsewhere).unwrap();
@@ -326,7 +327,14 @@ async fn a_plugin_added_by_sighup_in_a_new_directory_is_watched() {
     })
     .await;
     assert_ne!(v1, v2);
+    // Stopping the watcher lets go of the reloader (its callback held it).
     stop.cancel();
+    watching.await.unwrap();
+    assert_eq!(
+        std::sync::Arc::strong_count(&reloader),
+        1,
+        "the stopped watcher still holds the reloader"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

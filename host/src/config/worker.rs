@@ -17,8 +17,9 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Deliveries fetched (and claimed) per round trip.
     pub batch_size: usize,
-    /// Messages a worker holds per handler slot: claimed and waiting for a
-    /// slot, running, or settling (their writes committing). Fetching and
+    /// Places in hand per handler slot: messages claimed and waiting for a
+    /// slot, or running. As many more may be settling (their writes
+    /// committing, then their confirm and ack), bounded apart. Fetching and
     /// claiming for free places in hand rather than free slots keeps the
     /// slots fed while a fetch and its claim round trip are under way.
     pub prefetch: usize,

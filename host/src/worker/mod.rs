@@ -55,8 +55,8 @@ pub struct WorkerOptions {
     pub concurrency: usize,
     /// Deliveries fetched per round trip.
     pub batch_size: usize,
-    /// Messages held per handler slot (claimed and waiting, running,
-    /// settling).
+    /// Places in hand per handler slot (claimed and waiting, running); as
+    /// many more may be settling.
     pub prefetch: usize,
     /// Claim lease.
     pub lease: Duration,

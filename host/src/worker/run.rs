@@ -44,11 +44,12 @@ impl Worker {
         // The handler is done with its slot and its place in hand: its
         // attempt is spent, so a crash from here on costs no message an
         // attempt it did not run. Its queued writes commit without them,
-        // and nothing is settled before they have. A place among those
-        // settling is taken first, so a message always holds one of the
-        // two and what waits for commits stays bounded.
-        let settling = held.settling.acquire_owned().await.expect("semaphore closed");
+        // and nothing is settled before they have. The slot goes at once;
+        // the place only once a place among those settling is taken, so a
+        // message always holds one of the two and what waits for commits
+        // stays bounded.
         drop(held.slot);
+        let settling = held.settling.acquire_owned().await.expect("semaphore closed");
         drop(held.place);
         let outcome = outcome.after_writes(&writes).await;
         self.settle(a, outcome).instrument(span).await;

@@ -113,9 +113,9 @@ impl AmqpBroker {
     }
 
     /// [`AmqpBroker::connect`], with the server pushing at most `prefetch`
-    /// unacked deliveries to this worker (a worker sizes it from what it
-    /// holds: `worker.concurrency × worker.prefetch`, twice, for the
-    /// deliveries awaiting their confirm and ack).
+    /// unacked deliveries to this worker (a worker sizes it from its places
+    /// in hand, `worker.concurrency × worker.prefetch`: see
+    /// `backend::open`).
     pub async fn connect_with_prefetch(url: &str, namespace: &str, prefetch: u16) -> anyhow::Result<Self> {
         Self::open(url, Names::new(namespace), prefetch.max(1)).await
     }
