@@ -16,7 +16,13 @@
 //! the monotonic clock is not. So the CPU clock is read where it must be:
 //!
 //! - [`Metered`] (around instantiation and the call) reads it at the top
-//!   and the bottom of each poll and charges what lies between;
+//!   of each poll, and at the bottom charges what lies between; a poll
+//!   that ends less than [`SHORT_NS`] of wall time after the last reading
+//!   (an instantiation and a call that does not wait, as most are) is
+//!   charged that stretch's wall time outside capabilities instead, with
+//!   no second reading: never less than the guest's CPU time in it, and
+//!   more only by what the thread was preempted in those few
+//!   microseconds;
 //! - the epoch callback charges up to the tick, every tick, and checks the
 //!   budget;
 //! - [`GuestMeter::enter_host`] checks the budget on entry to a capability,
@@ -42,6 +48,11 @@ const NONE: u64 = u64::MAX;
 /// checks the budget.
 const STALE_NS: u64 = 1_000_000;
 
+/// A poll that ends less than this wall time after the last reading is
+/// charged the stretch's wall time outside capabilities, with no reading
+/// at its end: the reading would cost a large part of the stretch.
+pub const SHORT_NS: u64 = 100_000;
+
 /// One execution's guest CPU time against its budget.
 #[derive(Debug)]
 pub struct GuestMeter {
@@ -60,8 +71,16 @@ pub struct GuestMeter {
     host_since: AtomicU64,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Readings of the CPU clock this thread took (what the tests count).
+    static READINGS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// CPU time consumed by the calling thread, in nanoseconds.
 fn thread_cpu_ns() -> u64 {
+    #[cfg(test)]
+    READINGS.with(|r| r.set(r.get() + 1));
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is
     // supported on every Linux and macOS the host builds for.
@@ -114,6 +133,16 @@ impl GuestMeter {
         let next_wall = self.wall_ns();
         let now = thread_cpu_ns();
         let wall = self.wall_ns();
+        let outside = self.outside_host(wall);
+        let guest = now.saturating_sub(mark).min(outside);
+        self.charged_ns.fetch_add(guest, Ordering::Relaxed);
+        self.cpu_mark.store(now, Ordering::Relaxed);
+        self.wall_mark.store(next_wall, Ordering::Relaxed);
+    }
+
+    /// The wall time from the last reading to `wall`, less the time spent
+    /// in capabilities in it (which is then counted as taken off).
+    fn outside_host(&self, wall: u64) -> u64 {
         let mut host = self.host_ns.swap(0, Ordering::Relaxed);
         let since = self.host_since.load(Ordering::Relaxed);
         if since != NONE {
@@ -122,16 +151,21 @@ impl GuestMeter {
             // taken off twice.
             self.host_since.store(wall, Ordering::Relaxed);
         }
-        let outside = wall.saturating_sub(self.wall_mark.load(Ordering::Relaxed)).saturating_sub(host);
-        let guest = now.saturating_sub(mark).min(outside);
-        self.charged_ns.fetch_add(guest, Ordering::Relaxed);
-        self.cpu_mark.store(now, Ordering::Relaxed);
-        self.wall_mark.store(next_wall, Ordering::Relaxed);
+        wall.saturating_sub(self.wall_mark.load(Ordering::Relaxed)).saturating_sub(host)
     }
 
-    /// A poll ends: charge it; the thread may run other work next.
+    /// A poll ends: charge it; the thread may run other work next. A
+    /// stretch shorter than [`SHORT_NS`] is charged its wall time outside
+    /// capabilities (which holds the guest's CPU time in it) without
+    /// reading the CPU clock again.
     fn poll_ended(&self) {
-        self.charge();
+        let wall = self.wall_ns();
+        if self.cpu_mark.load(Ordering::Relaxed) != NONE && wall.saturating_sub(self.wall_mark.load(Ordering::Relaxed)) < SHORT_NS {
+            let outside = self.outside_host(wall);
+            self.charged_ns.fetch_add(outside, Ordering::Relaxed);
+        } else {
+            self.charge();
+        }
         self.cpu_mark.store(NONE, Ordering::Relaxed);
     }
 
@@ -226,6 +260,45 @@ mod tests {
             (40..50).contains(&charged),
             "charged {charged} ms, expected the 40 ms of guest time"
         );
+    }
+
+    #[tokio::test]
+    async fn a_short_poll_reads_the_cpu_clock_once_and_is_charged_its_wall_time() {
+        // 20 polls of 10 µs of guest work each. Those that end within
+        // SHORT_NS of their first reading take no second one and are
+        // charged their wall time (at least the work); a poll preempted
+        // past it is charged as before, from a second reading. Before,
+        // every poll read the clock at both ends.
+        let mut short = 0;
+        for _ in 0..20 {
+            let meter = GuestMeter::new(1_000);
+            let before = READINGS.with(|r| r.get());
+            let started = Instant::now();
+            Metered::new(meter.clone(), async {
+                let start = Instant::now();
+                while start.elapsed() < std::time::Duration::from_micros(10) {
+                    std::hint::black_box(0u64);
+                }
+            })
+            .await;
+            let wall = started.elapsed().as_nanos() as u64;
+            let readings = READINGS.with(|r| r.get()) - before;
+            let charged = meter.charged().as_nanos() as u64;
+            assert!(charged >= 10_000, "10 µs of guest work, {charged} ns charged");
+            assert!(charged <= wall, "{charged} ns charged for a poll of {wall} ns");
+            if wall < SHORT_NS {
+                assert_eq!(readings, 1, "a poll of {wall} ns read the CPU clock {readings} times");
+                short += 1;
+            } else {
+                // Preempted: the meter's own stretch (inside this one) may
+                // or may not have passed SHORT_NS.
+                assert!(
+                    (1..=2).contains(&readings),
+                    "a poll of {wall} ns read the CPU clock {readings} times"
+                );
+            }
+        }
+        assert!(short > 0, "no poll of the 20 ended within {SHORT_NS} ns");
     }
 
     #[tokio::test]
