@@ -88,6 +88,15 @@ impl Env {
         Env { dir, mock, config }
     }
 
+    /// Every example plugin, with claims and data in the test Postgres, in
+    /// a fresh namespace named after `tag`.
+    pub async fn on_postgres(tag: &str, max_connections: u32) -> Env {
+        let mut env = Env::new().await;
+        env.config.namespace = unique_namespace(tag);
+        env.use_postgres(max_connections);
+        env
+    }
+
     /// Keep claims and data in the test Postgres (in the namespace's schema)
     /// instead of the SQLite file.
     pub fn use_postgres(&mut self, max_connections: u32) {

@@ -463,9 +463,7 @@ async fn shutdown_releases_what_waits_for_room_in_the_confirm_queue() {
 /// the second waited for the first's commit.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_waiting_for_its_commit_does_not_keep_the_next_one_out() {
-    let mut env = Env::new().await;
-    env.config.namespace = unique_namespace("settling");
-    env.use_postgres(4);
+    let mut env = Env::on_postgres("settling", 4).await;
     env.config.worker.concurrency = 1;
     env.config.worker.prefetch = 1;
     let pool = start_hooked(&env, Default::default()).await;
@@ -528,9 +526,7 @@ async fn a_message_waiting_for_its_commit_does_not_keep_the_next_one_out() {
 /// clock used, A's lease would look expired to B at once.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_lease() {
-    let mut env = Env::new().await;
-    env.config.namespace = unique_namespace("clock");
-    env.use_postgres(4);
+    let mut env = Env::on_postgres("clock", 4).await;
     env.config.worker.shutdown_grace_ms = 60_000;
     env.mock.state.lock().unwrap().held.insert("payments/pay-skew".into());
     let a = start_hooked(&env, Default::default()).await;

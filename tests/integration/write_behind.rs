@@ -15,9 +15,7 @@ use crate::common::*;
 /// and no increment is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_message_reads_what_the_last_one_queued() {
-    let mut env = Env::new().await;
-    env.config.namespace = unique_namespace("wb_seq");
-    env.use_postgres(8);
+    let mut env = Env::on_postgres("wb_seq", 8).await;
     env.config.worker.concurrency = 1;
     env.config
         .plugins
