@@ -5,8 +5,11 @@
 -- settled claims by time (retention)
 -- ARGV[1] fence ('' = not claimed), ARGV[2] plugin, ARGV[3] key, ARGV[4] msg_id,
 -- ARGV[5] headers, ARGV[6] payload, ARGV[7] reason, ARGV[8] plugin_version,
--- ARGV[9] now, ARGV[10] key prefix of dead-letter hashes
--- Returns 1 recorded, 0 stale
+-- ARGV[9] now, ARGV[10] key prefix of dead-letter hashes, ARGV[11] for a
+-- message not claimed, the key holding the id of the dead letter recorded
+-- for that delivered message ('' = none): while that record exists, a
+-- redelivery (its answer or ack failed) records none
+-- Returns 1 recorded (or recorded before), 0 stale
 local now = ARGV[9]
 local attempts, first_seen, version = 0, now, ARGV[8]
 if ARGV[1] ~= '' then
@@ -22,9 +25,20 @@ if ARGV[1] ~= '' then
   redis.call('HINCRBY', KEYS[1], 'dead', 1)
   redis.call('ZADD', KEYS[5], now, KEYS[4])
 end
+local delivery = ARGV[11]
+if delivery ~= '' then
+  local prior = redis.call('GET', delivery)
+  if prior and redis.call('EXISTS', ARGV[10] .. prior) == 1 then
+    return 1
+  end
+end
 local id = redis.call('INCR', KEYS[2])
 redis.call('HSET', ARGV[10] .. id, 'id', id, 'plugin', ARGV[2], 'key', ARGV[3], 'msg_id', ARGV[4],
   'headers', ARGV[5], 'payload', ARGV[6], 'reason', ARGV[7], 'attempts', attempts,
   'plugin_version', version, 'first_seen_at', first_seen, 'dead_at', now)
+if delivery ~= '' then
+  redis.call('HSET', ARGV[10] .. id, 'delivery', delivery)
+  redis.call('SET', delivery, id)
+end
 redis.call('LPUSH', KEYS[3], id)
 return 1

@@ -39,6 +39,10 @@ if ARGV[5] ~= '' then
       break
     end
     redis.call('RPOP', KEYS[3])
+    local delivery = redis.call('HGET', ARGV[6] .. id, 'delivery')
+    if delivery then
+      redis.call('DEL', delivery)
+    end
     redis.call('DEL', ARGV[6] .. id)
     dead = dead + 1
   end

@@ -288,6 +288,76 @@ pub async fn claim_store_conformance(b: &Backends) {
     assert!(admin.dead_letter_get(k2.id).await.unwrap().is_none());
 }
 
+/// Dead letters no claim retires (bad input, a key reused with another
+/// payload) are recorded once per delivered message: a redelivery after an
+/// answer or ack that failed records nothing more; another message with
+/// the same id, or one without an id, is recorded; and once a record is
+/// removed (replayed, purged) its message is recorded again.
+pub async fn unclaimed_dead_letter_conformance(b: &Backends) {
+    let (claims, admin) = (&b.claims, &b.admin);
+    let now = idem_host::now_ms();
+    let bad = |msg_id: &'static str, payload: &'static [u8]| DeadLetterRequest {
+        plugin: "no-such-handler",
+        key: msg_id,
+        msg_id,
+        headers: &[],
+        payload,
+        reason: "unknown handler",
+        fence: None,
+        plugin_version: None,
+    };
+    let recorded = |msg_id: &'static str| async move {
+        let all = admin.dead_letters(1_000).await.unwrap();
+        all.into_iter()
+            .filter(|d| d.plugin == "no-such-handler" && d.msg_id == msg_id)
+            .collect::<Vec<_>>()
+    };
+
+    assert_eq!(claims.dead_letter(&[bad("m1", b"{")], now).await.unwrap(), vec![true]);
+    assert_eq!(
+        claims.dead_letter(&[bad("m1", b"{")], now + 10).await.unwrap(),
+        vec![true],
+        "a redelivery is answered as recorded, so it is acked"
+    );
+    assert_eq!(claims.dead_letter(&[bad("m1", b"[")], now + 20).await.unwrap(), vec![true]);
+    assert_eq!(
+        claims.dead_letter(&[bad("m2", b"{"), bad("m2", b"{")], now + 30).await.unwrap(),
+        vec![true, true]
+    );
+    assert_eq!(claims.dead_letter(&[bad("", b"")], now + 40).await.unwrap(), vec![true]);
+    assert_eq!(claims.dead_letter(&[bad("", b"")], now + 50).await.unwrap(), vec![true]);
+    let payloads = |letters: Vec<idem_host::claim::DeadLetter>| {
+        let mut p: Vec<Vec<u8>> = letters.into_iter().map(|d| d.payload).collect();
+        p.sort();
+        p
+    };
+    assert_eq!(
+        payloads(recorded("m1").await),
+        vec![b"[".to_vec(), b"{".to_vec()],
+        "one per message"
+    );
+    assert_eq!(recorded("m2").await.len(), 1, "one per message, within a batch too");
+    assert_eq!(recorded("").await.len(), 2, "without an id, nothing tells two messages apart");
+
+    let m2 = recorded("m2").await.remove(0);
+    assert_eq!(admin.dead_letter_remove(&[m2.id]).await.unwrap(), 1);
+    assert_eq!(claims.dead_letter(&[bad("m2", b"{")], now + 60).await.unwrap(), vec![true]);
+    let again = recorded("m2").await;
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].id, m2.id, "recorded again once its record was removed");
+
+    // A key reused with another payload, delivered again: one conflict.
+    let (first, reused) = (payload_hash(b"a"), payload_hash(b"b"));
+    let out = claims.claim(&[request("reused", &first, b"a", 5)], now).await.unwrap();
+    assert!(matches!(out[0], ClaimOutcome::Acquired { .. }), "{out:?}");
+    for t in [1, 2] {
+        let out = claims.claim(&[request("reused", &reused, b"b", 5)], now + t).await.unwrap();
+        assert_eq!(out, vec![ClaimOutcome::Conflict]);
+    }
+    let conflicts = admin.dead_letters(1_000).await.unwrap();
+    assert_eq!(conflicts.iter().filter(|d| d.key == "reused").count(), 1, "{conflicts:?}");
+}
+
 /// Results stored with confirmed claims, which duplicates answer with: an
 /// empty result stays apart from none, a stale confirm stores nothing, and
 /// claims not done have none.
@@ -564,6 +634,7 @@ async fn sqlite_claim_store_conforms() {
     claim_store_conformance(&b).await;
     results_conformance(&b).await;
     mixed_batch_conformance(&b).await;
+    unclaimed_dead_letter_conformance(&b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -641,6 +712,7 @@ async fn postgres_claim_store_conforms() {
     claim_store_conformance(&s.backends).await;
     results_conformance(&s.backends).await;
     mixed_batch_conformance(&s.backends).await;
+    unclaimed_dead_letter_conformance(&s.backends).await;
     s.cleanup().await;
 }
 
@@ -657,6 +729,7 @@ async fn redis_claim_store_with_postgres_data_conforms() {
     claim_store_conformance(&s.backends).await;
     results_conformance(&s.backends).await;
     mixed_batch_conformance(&s.backends).await;
+    unclaimed_dead_letter_conformance(&s.backends).await;
     s.cleanup().await;
 }
 
@@ -875,8 +948,20 @@ pub async fn retention_conformance(b: &Backends) {
         .await
         .unwrap());
     assert_eq!(claims.confirm(&[claim("new-done", 1)], now - 3_598_000).await.unwrap(), vec![true]);
+    // Bad input dead-lettered ten days ago.
+    let bad = DeadLetterRequest {
+        plugin: "no-such-handler",
+        key: "old-bad",
+        msg_id: "old-bad",
+        headers: &[],
+        payload,
+        reason: "unknown handler",
+        fence: None,
+        plugin_version: None,
+    };
+    assert_eq!(claims.dead_letter(std::slice::from_ref(&bad), t0 + 20).await.unwrap(), vec![true]);
     let before = admin.counts().await.unwrap();
-    assert_eq!((before.done, before.dead, before.journal, before.dead_letters), (2, 1, 2, 1));
+    assert_eq!((before.done, before.dead, before.journal, before.dead_letters), (2, 1, 2, 2));
 
     let retention = RetentionConfig {
         done_ms: 7 * day as u64,
@@ -885,7 +970,7 @@ pub async fn retention_conformance(b: &Backends) {
         sweep_batch: 1,
     };
     let totals = idem_host::retention::sweep_once(b, &retention, &Default::default()).await.unwrap();
-    assert_eq!((totals.claims, totals.dead_letters), (2, 1), "batches of one, repeated until done");
+    assert_eq!((totals.claims, totals.dead_letters), (2, 2), "batches of one, repeated until done");
 
     let state = |key: &'static str| async move { admin.state("p", key).await.unwrap().map(ClaimState::as_str) };
     assert_eq!(state("old-done").await, None);
@@ -907,6 +992,12 @@ pub async fn retention_conformance(b: &Backends) {
         1
     );
     b.data.upsert(Some(&claim("old-done", 1)), "c", "old-done", b"again").await.unwrap();
+    // The swept bad input, delivered again, is recorded again.
+    assert_eq!(claims.dead_letter(&[bad], now).await.unwrap(), vec![true]);
+    let letters = admin.dead_letters(10).await.unwrap();
+    assert_eq!(letters.iter().map(|d| d.key.as_str()).collect::<Vec<_>>(), vec!["old-bad"]);
+    assert!(letters[0].dead_at >= now, "{letters:?}");
+    admin.dead_letter_remove(&[letters[0].id]).await.unwrap();
     // Nothing left to sweep.
     let again = idem_host::retention::sweep_once(b, &retention, &Default::default()).await.unwrap();
     assert_eq!((again.claims, again.dead_letters), (0, 0));

@@ -16,7 +16,10 @@ use std::collections::{HashMap, HashSet};
 use async_trait::async_trait;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Row, Transaction};
 
-use super::{decide, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetterRequest, Decision, JournalEntry, Stored};
+use super::{
+    decide, delivery_identity, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetterRequest, Decision, JournalEntry,
+    Stored,
+};
 
 /// What a request whose key had no claim is answered.
 const FIRST_ATTEMPT: ClaimOutcome = ClaimOutcome::Acquired {
@@ -50,6 +53,7 @@ async fn insert_dead_letter(
     plugin_version: Option<&str>,
     first_seen_at: i64,
     now: i64,
+    delivery: Option<&str>,
 ) -> Result<(), ClaimError> {
     sqlx::query(include_str!("../../queries/postgres/dead_letter_insert.sql"))
         .bind(plugin)
@@ -62,6 +66,7 @@ async fn insert_dead_letter(
         .bind(plugin_version)
         .bind(first_seen_at)
         .bind(now)
+        .bind(delivery)
         .execute(conn)
         .await?;
     Ok(())
@@ -100,7 +105,8 @@ async fn insert_new_keys<'a>(conn: &mut PgConnection, requests: &[ClaimRequest<'
 }
 
 /// Dead-letter the message of claim request `r`, first seen at
-/// `first_seen_at`, after `attempts` attempts.
+/// `first_seen_at`, after `attempts` attempts; `delivery` for one no claim
+/// retires (see [`super::delivery_identity`]).
 async fn dead_letter_of(
     conn: &mut PgConnection,
     r: &ClaimRequest<'_>,
@@ -108,6 +114,7 @@ async fn dead_letter_of(
     attempts: i32,
     first_seen_at: i64,
     now: i64,
+    delivery: Option<&str>,
 ) -> Result<(), ClaimError> {
     let version = Some(r.plugin_version);
     insert_dead_letter(
@@ -122,6 +129,7 @@ async fn dead_letter_of(
         version,
         first_seen_at,
         now,
+        delivery,
     )
     .await
 }
@@ -176,7 +184,8 @@ async fn decide_rest(
         let outcome = match decide(&stored, r, now) {
             Decision::Answer(outcome) => outcome,
             Decision::Conflict(reason) => {
-                dead_letter_of(&mut tx, r, &reason, 0, now, now).await?;
+                let delivery = delivery_identity(r.plugin, r.key, r.msg_id, r.payload);
+                dead_letter_of(&mut tx, r, &reason, 0, now, now, Some(&delivery)).await?;
                 ClaimOutcome::Conflict
             }
             Decision::Exhaust(reason) => {
@@ -187,7 +196,7 @@ async fn decide_rest(
                     .bind(now)
                     .fetch_one(&mut *tx)
                     .await?;
-                dead_letter_of(&mut tx, r, &reason, attempts, created_at, now).await?;
+                dead_letter_of(&mut tx, r, &reason, attempts, created_at, now, None).await?;
                 ClaimOutcome::Exhausted {
                     attempts: attempts as u32,
                     fence: retired,
@@ -438,6 +447,7 @@ impl ClaimStore for PgClaims {
                 version.as_deref(),
                 first_seen,
                 now,
+                d.delivery().as_deref(),
             )
             .await?;
             out[i] = true;

@@ -261,6 +261,11 @@ impl ClaimStore for RedisClaims {
                 .arg(d.plugin_version.unwrap_or(""))
                 .arg(now)
                 .arg(self.dead_prefix())
+                .arg(
+                    d.delivery()
+                        .map(|h| format!("{}delivery:{h}", self.dead_prefix()))
+                        .unwrap_or_default(),
+                )
                 .invoke_async(&mut conn)
                 .await?;
             out.push(n == 1);
@@ -386,12 +391,16 @@ impl ClaimAdmin for RedisClaims {
         let mut conn = self.conn.clone();
         let mut removed = 0;
         for id in ids {
-            let (deleted, _): (u64, i64) = redis::pipe()
-                .atomic()
-                .del(format!("{}{id}", self.dead_prefix()))
-                .lrem(self.dead_ids(), 0, id)
-                .query_async(&mut conn)
-                .await?;
+            let record = format!("{}{id}", self.dead_prefix());
+            // The key naming the record's delivered message goes with it,
+            // so that message, delivered again, is recorded again.
+            let delivery: Option<String> = conn.hget(&record, "delivery").await?;
+            let mut pipe = redis::pipe();
+            pipe.atomic().del(&record).lrem(self.dead_ids(), 0, id);
+            if let Some(delivery) = delivery {
+                pipe.del(delivery).ignore();
+            }
+            let (deleted, _): (u64, i64) = pipe.query_async(&mut conn).await?;
             removed += deleted;
         }
         Ok(removed)

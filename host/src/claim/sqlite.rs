@@ -7,7 +7,10 @@
 use async_trait::async_trait;
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 
-use super::{decide, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetterRequest, Decision, JournalEntry, Stored};
+use super::{
+    decide, delivery_identity, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, ClaimStore, DeadLetterRequest, Decision, JournalEntry,
+    Stored,
+};
 
 /// The SQLite claim store.
 pub struct SqliteClaims {
@@ -34,6 +37,7 @@ async fn insert_dead_letter(
     plugin_version: Option<&str>,
     first_seen_at: i64,
     now: i64,
+    delivery: Option<&str>,
 ) -> Result<(), ClaimError> {
     sqlx::query(include_str!("../../queries/sqlite/dead_letter_insert.sql"))
         .bind(plugin)
@@ -46,6 +50,7 @@ async fn insert_dead_letter(
         .bind(plugin_version)
         .bind(first_seen_at)
         .bind(now)
+        .bind(delivery)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -134,6 +139,7 @@ impl ClaimStore for SqliteClaims {
             let outcome = match decide(&stored, r, now) {
                 Decision::Answer(outcome) => outcome,
                 Decision::Conflict(reason) => {
+                    let delivery = delivery_identity(r.plugin, r.key, r.msg_id, r.payload);
                     insert_dead_letter(
                         &mut tx,
                         r.plugin,
@@ -146,6 +152,7 @@ impl ClaimStore for SqliteClaims {
                         Some(r.plugin_version),
                         now,
                         now,
+                        Some(&delivery),
                     )
                     .await?;
                     ClaimOutcome::Conflict
@@ -170,6 +177,7 @@ impl ClaimStore for SqliteClaims {
                         Some(r.plugin_version),
                         created_at,
                         now,
+                        None,
                     )
                     .await?;
                     ClaimOutcome::Exhausted {
@@ -312,6 +320,7 @@ impl ClaimStore for SqliteClaims {
                 version.as_deref(),
                 first_seen,
                 now,
+                d.delivery().as_deref(),
             )
             .await?;
             out.push(true);
