@@ -51,7 +51,7 @@ const STALE_NS: u64 = 1_000_000;
 /// A poll that ends less than this wall time after the last reading is
 /// charged the stretch's wall time outside capabilities, with no reading
 /// at its end: the reading would cost a large part of the stretch.
-pub const SHORT_NS: u64 = 100_000;
+const SHORT_NS: u64 = 100_000;
 
 /// One execution's guest CPU time against its budget.
 #[derive(Debug)]
