@@ -187,6 +187,7 @@ pub fn check(ops: Vec<Op>) {
                         reason: "r",
                         fence: Some(m.fence - stale as i64),
                         plugin_version: None,
+                        delivery: None,
                     };
                     let ok = claims.dead_letter(&[d], now).await.unwrap()[0];
                     if stale || m.fence == 0 {

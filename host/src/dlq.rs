@@ -3,7 +3,8 @@
 //! A replay republishes the dead letter's message (same id, headers and
 //! payload) and gives its claim a fresh start (no attempts counted). The
 //! steps are ordered so that a crash loses nothing: the claim is revived,
-//! the message published, and only then is the dead-letter record deleted.
+//! the record released (the message, dead-lettered again, is recorded
+//! again), the message published, and only then is the record deleted.
 //! A crash in between leaves the record, and replaying it again publishes a
 //! second copy, which the claim answers as a duplicate once the first is
 //! done. The claim keeps the payload hash, so a replayed message whose key
@@ -103,6 +104,13 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
             headers: d.headers.clone(),
             payload: d.payload.clone(),
         };
+        // Released first: the republished message, dead-lettered again
+        // before this record is removed, gets a record of its own.
+        backends
+            .admin
+            .dead_letter_release(d.id)
+            .await
+            .with_context(|| format!("dead letter {}: cannot release it for a new record", d.id))?;
         backends
             .broker
             .republish(&envelope)

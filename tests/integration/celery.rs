@@ -354,6 +354,41 @@ async fn malformed_messages_are_dead_lettered(transport: Transport) {
     pool.stop().await.unwrap();
 }
 
+/// A task dead-lettered as bad input while the result backend cannot be
+/// reached: its answer fails, so the delivery is handed back and comes
+/// again until the backend answers. It is recorded once, however often it
+/// came (before, once per delivery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_task_delivered_again_while_its_answer_fails_is_dead_lettered_once() {
+    use idem_host::tools::kit::{FaultyProxy, Link};
+    let (_side, mut env, _cleanup) = celery_env("celery_dl_once", Transport::Redis, false).await;
+    let redis = url::Url::parse(&services::redis()).unwrap();
+    let upstream = (redis.host_str().unwrap(), redis.port().unwrap_or(6379));
+    let upstream = tokio::net::lookup_host(upstream).await.unwrap().next().unwrap();
+    let proxy = FaultyProxy::start(upstream).await.unwrap();
+    env.config.broker.result_backend = Some(format!("redis://{}", proxy.addr()));
+    env.config.limits.max_payload_bytes = 8;
+    let pool = env.start().await;
+
+    proxy.set(Link::Cut);
+    let task = envelope("too-big", "celery-credits", serde_json::json!({ "user": "u", "balance": 1 }));
+    pool.backends.broker.publish(&[task], Duration::ZERO).await.unwrap();
+    wait_until(Duration::from_secs(60), "the bad task delivered three times", || async {
+        pool.counters.snapshot().deliveries >= 3
+    })
+    .await;
+    proxy.set(Link::Up);
+    wait_until(Duration::from_secs(60), "the bad task answered and acked", || async {
+        pool.backends.broker.pending().await.unwrap() == 0
+    })
+    .await;
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].msg_id, "too-big");
+    assert!(letters[0].reason.contains("limits.max_payload_bytes"), "{}", letters[0].reason);
+    pool.stop().await.unwrap();
+}
+
 /// A Celery broker on one queue, as one worker process has it.
 async fn celery_broker(ns: &str) -> idem_host::broker::celery::CeleryBroker {
     celery_broker_on(ns, Transport::Redis).await

@@ -4,7 +4,7 @@
 //! (`now`) so lease expiry is tested without waiting.
 
 use idem_host::backend::Backends;
-use idem_host::claim::{ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, DeadLetterRequest};
+use idem_host::claim::{delivery_identity, ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, DeadLetterRequest};
 use idem_host::config::{Config, StoreConfig, StoreKind};
 use idem_host::envelope::payload_hash;
 use idem_host::store::{DataError, Inserted};
@@ -124,6 +124,7 @@ pub async fn claim_store_conformance(b: &Backends) {
         reason: "x",
         fence: Some(1),
         plugin_version: None,
+        delivery: None,
     };
     assert_eq!(claims.dead_letter(&[dl], t0 + 1_700).await.unwrap(), vec![false]);
     assert_eq!(b.data.get("c", "x").await.unwrap(), None, "the refused write left nothing");
@@ -244,6 +245,7 @@ pub async fn claim_store_conformance(b: &Backends) {
         reason: "permanent error: no",
         fence: Some(1),
         plugin_version: Some("v1"),
+        delivery: None,
     };
     assert_eq!(claims.dead_letter(&[dl], t0 + 6_100).await.unwrap(), vec![true]);
     let k3 = ClaimRef {
@@ -305,6 +307,7 @@ pub async fn unclaimed_dead_letter_conformance(b: &Backends) {
         reason: "unknown handler",
         fence: None,
         plugin_version: None,
+        delivery: (!msg_id.is_empty()).then(|| delivery_identity("no-such-handler", msg_id, msg_id, payload)),
     };
     let recorded = |msg_id: &'static str| async move {
         let all = admin.dead_letters(1_000).await.unwrap();
@@ -345,6 +348,21 @@ pub async fn unclaimed_dead_letter_conformance(b: &Backends) {
     let again = recorded("m2").await;
     assert_eq!(again.len(), 1);
     assert_ne!(again[0].id, m2.id, "recorded again once its record was removed");
+
+    // A replay releases the record before it republishes: the message,
+    // dead-lettered again before the record is removed, is recorded.
+    admin.dead_letter_release(again[0].id).await.unwrap();
+    assert_eq!(claims.dead_letter(&[bad("m2", b"{")], now + 70).await.unwrap(), vec![true]);
+    assert_eq!(claims.dead_letter(&[bad("m2", b"{")], now + 80).await.unwrap(), vec![true]);
+    let replayed = recorded("m2").await;
+    assert_eq!(replayed.len(), 2, "the released record and one new: {replayed:?}");
+    assert_eq!(admin.dead_letter_remove(&[again[0].id]).await.unwrap(), 1);
+    assert_eq!(claims.dead_letter(&[bad("m2", b"{")], now + 90).await.unwrap(), vec![true]);
+    assert_eq!(
+        recorded("m2").await.len(),
+        1,
+        "removing the released record left the new one in charge"
+    );
 
     // A key reused with another payload, delivered again: one conflict.
     let (first, reused) = (payload_hash(b"a"), payload_hash(b"b"));
@@ -958,6 +976,7 @@ pub async fn retention_conformance(b: &Backends) {
         reason: "unknown handler",
         fence: None,
         plugin_version: None,
+        delivery: Some(delivery_identity("no-such-handler", "old-bad", "old-bad", payload)),
     };
     assert_eq!(claims.dead_letter(std::slice::from_ref(&bad), t0 + 20).await.unwrap(), vec![true]);
     let before = admin.counts().await.unwrap();

@@ -149,8 +149,14 @@ pub trait ClaimAdmin: Send + Sync + 'static {
     async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError>;
     /// One dead letter.
     async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError>;
-    /// Delete dead-letter records; returns how many existed.
+    /// Delete dead-letter records; returns how many existed. Their
+    /// messages, dead-lettered again, are recorded again.
     async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError>;
+    /// Keep a dead-letter record but let its message be recorded again if
+    /// it is dead-lettered again. A replay calls it before it republishes
+    /// the message, which may come back as bad as it left before the
+    /// record is removed.
+    async fn dead_letter_release(&self, id: i64) -> Result<(), ClaimError>;
     /// Give a dead claim a fresh start for a replay: state `retry`, no
     /// attempts or traps counted, due now; only if it is dead and was taken
     /// for this payload (`payload_hash`), so replaying a conflict's dead

@@ -115,27 +115,20 @@ pub struct DeadLetterRequest<'a> {
     pub fence: Option<i64>,
     /// Content hash of the plugin, if one was loaded.
     pub plugin_version: Option<&'a str>,
-}
-
-impl DeadLetterRequest<'_> {
-    /// What identifies the delivered message of a dead letter recorded
-    /// without a claim (bad input): see [`delivery_identity`]. `None` for a
-    /// claimed message (its claim, retired with the dead letter, already
-    /// answers a redelivery) and for one without a message id, which
-    /// nothing tells apart from another.
-    pub fn delivery(&self) -> Option<String> {
-        if self.fence.is_some() || self.msg_id.is_empty() {
-            return None;
-        }
-        Some(delivery_identity(self.plugin, self.key, self.msg_id, self.payload))
-    }
+    /// For a message no claim retires (bad input), what identifies the
+    /// delivered message ([`delivery_identity`] of it as delivered): the
+    /// store records one dead letter per identity. `None` for a claimed
+    /// message (its retired claim answers a redelivery) and for one
+    /// without a message id, which nothing tells apart from another.
+    pub delivery: Option<String>,
 }
 
 /// A hash of a message's plugin (or handler name), key, message id and
-/// payload. Every claim store records one dead letter per identity for the
-/// dead letters no claim retires (bad input, a key reused with another
-/// payload), so a message redelivered because its answer or ack failed
-/// after its dead letter was recorded is not recorded again.
+/// payload, as delivered (not as escaped for the record). Every claim
+/// store records one dead letter per identity for the dead letters no
+/// claim retires (bad input, a key reused with another payload), so a
+/// message redelivered because its answer or ack failed after its dead
+/// letter was recorded is not recorded again.
 pub fn delivery_identity(plugin: &str, key: &str, msg_id: &str, payload: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();

@@ -447,7 +447,7 @@ impl ClaimStore for PgClaims {
                 version.as_deref(),
                 first_seen,
                 now,
-                d.delivery().as_deref(),
+                d.delivery.as_deref(),
             )
             .await?;
             out[i] = true;

@@ -29,6 +29,7 @@ pub struct RedisClaims {
     confirm: Script,
     release: Script,
     dead_letter: Script,
+    dead_letter_release: Script,
     journal_put: Script,
     revive: Script,
     sweep: Script,
@@ -68,6 +69,7 @@ impl RedisClaims {
             confirm: Script::new(include_str!("../../lua/claims_confirm.lua")),
             release: Script::new(include_str!("../../lua/claims_release.lua")),
             dead_letter: Script::new(include_str!("../../lua/claims_dead_letter.lua")),
+            dead_letter_release: Script::new(include_str!("../../lua/claims_dead_letter_release.lua")),
             revive: Script::new(include_str!("../../lua/claims_revive.lua")),
             journal_put: Script::new(include_str!("../../lua/claims_journal_put.lua")),
             sweep: Script::new(include_str!("../../lua/claims_sweep.lua")),
@@ -262,7 +264,8 @@ impl ClaimStore for RedisClaims {
                 .arg(now)
                 .arg(self.dead_prefix())
                 .arg(
-                    d.delivery()
+                    d.delivery
+                        .as_ref()
                         .map(|h| format!("{}delivery:{h}", self.dead_prefix()))
                         .unwrap_or_default(),
                 )
@@ -391,19 +394,29 @@ impl ClaimAdmin for RedisClaims {
         let mut conn = self.conn.clone();
         let mut removed = 0;
         for id in ids {
-            let record = format!("{}{id}", self.dead_prefix());
-            // The key naming the record's delivered message goes with it,
-            // so that message, delivered again, is recorded again.
-            let delivery: Option<String> = conn.hget(&record, "delivery").await?;
-            let mut pipe = redis::pipe();
-            pipe.atomic().del(&record).lrem(self.dead_ids(), 0, id);
-            if let Some(delivery) = delivery {
-                pipe.del(delivery).ignore();
-            }
-            let (deleted, _): (u64, i64) = pipe.query_async(&mut conn).await?;
+            // The key naming the record's message goes first, so that
+            // message, delivered again, is recorded again.
+            self.dead_letter_release(*id).await?;
+            let (deleted, _): (u64, i64) = redis::pipe()
+                .atomic()
+                .del(format!("{}{id}", self.dead_prefix()))
+                .lrem(self.dead_ids(), 0, id)
+                .query_async(&mut conn)
+                .await?;
             removed += deleted;
         }
         Ok(removed)
+    }
+
+    async fn dead_letter_release(&self, id: i64) -> Result<(), ClaimError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = self
+            .dead_letter_release
+            .key(format!("{}{id}", self.dead_prefix()))
+            .arg(id)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
     }
 
     async fn revive(&self, plugin: &str, key: &str, payload_hash: &str, now: i64) -> Result<bool, ClaimError> {

@@ -77,6 +77,18 @@ macro_rules! sql_claim_admin {
                 Ok(row.as_ref().map(dead_letter_row).transpose()?)
             }
 
+            async fn dead_letter_release(&self, id: i64) -> Result<(), $crate::claim::ClaimError> {
+                sqlx::query(include_str!(concat!(
+                    "../../queries/",
+                    $dialect,
+                    "/admin_dead_letter_release.sql"
+                )))
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
             async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, $crate::claim::ClaimError> {
                 let mut tx = self.pool.begin().await?;
                 let mut removed = 0;

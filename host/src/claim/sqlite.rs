@@ -320,7 +320,7 @@ impl ClaimStore for SqliteClaims {
                 version.as_deref(),
                 first_seen,
                 now,
-                d.delivery().as_deref(),
+                d.delivery.as_deref(),
             )
             .await?;
             out.push(true);

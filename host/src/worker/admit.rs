@@ -12,7 +12,7 @@ use super::heartbeat::Registered;
 use super::validate::check;
 use super::Worker;
 use crate::broker::{self, Verdict};
-use crate::claim::{ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
+use crate::claim::{delivery_identity, ClaimError, ClaimOutcome, ClaimRef, ClaimRequest, DeadLetterRequest};
 use crate::config::OutagePolicy;
 use crate::envelope::{payload_hash, printable, Delivery, Envelope, MAX_KEY_BYTES};
 use crate::plugin::PluginInfo;
@@ -140,7 +140,9 @@ impl Worker {
 
     /// Dead-letter deliveries that failed validation, then ack them. What
     /// identifies them (handler, id) is stored escaped and bounded: it is
-    /// what may have made them invalid.
+    /// what may have made them invalid. Each is recorded once per message
+    /// (its identity taken from it as delivered), so one delivered again
+    /// after its answer or ack failed is acked without a second record.
     async fn reject(&self, rejected: Vec<(Delivery, String)>) {
         let names: Vec<(String, String)> = rejected
             .iter()
@@ -158,6 +160,8 @@ impl Worker {
                 reason,
                 fence: None,
                 plugin_version: None,
+                delivery: (!d.envelope.id.is_empty())
+                    .then(|| delivery_identity(&d.envelope.handler, &d.envelope.id, &d.envelope.id, &d.envelope.payload)),
             })
             .collect();
         match self.backends.claims.dead_letter(&items, self.backends.clock.now_ms()).await {
@@ -349,6 +353,7 @@ impl Worker {
             reason: &reason,
             fence: None,
             plugin_version: Some(&k.plugin.version),
+            delivery: Some(delivery_identity(&k.plugin.name, &k.key, &k.envelope.id, &k.envelope.payload)),
         };
         match self.backends.claims.dead_letter(&[item], self.backends.clock.now_ms()).await {
             Ok(_) => {

@@ -183,6 +183,7 @@ impl Worker {
             reason,
             fence: Some(claim.fence),
             plugin_version: Some(&k.plugin.version),
+            delivery: None,
         };
         match self.backends.claims.dead_letter(&[item], self.backends.clock.now_ms()).await {
             Ok(v) if v.first() == Some(&true) => {

@@ -54,9 +54,14 @@ impl FaultyProxy {
 
     /// Stall or cut the link for `how_long`, then heal it.
     pub async fn partition(&self, how: Link, how_long: Duration) {
-        self.link.send_replace(how);
+        self.set(how);
         tokio::time::sleep(how_long).await;
-        self.link.send_replace(Link::Up);
+        self.set(Link::Up);
+    }
+
+    /// Stall, cut or heal the link until told otherwise.
+    pub fn set(&self, how: Link) {
+        self.link.send_replace(how);
     }
 }
 
