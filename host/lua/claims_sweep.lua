@@ -40,7 +40,7 @@ if ARGV[5] ~= '' then
     end
     redis.call('RPOP', KEYS[3])
     local delivery = redis.call('HGET', ARGV[6] .. id, 'delivery')
-    if delivery then
+    if delivery and redis.call('GET', delivery) == id then
       redis.call('DEL', delivery)
     end
     redis.call('DEL', ARGV[6] .. id)

@@ -5,9 +5,10 @@
 //! steps are ordered so that a crash loses nothing: the claim is revived,
 //! the record released (the message, dead-lettered again, is recorded
 //! again), the message published, and only then is the record deleted.
-//! A crash in between leaves the record, and replaying it again publishes a
-//! second copy, which the claim answers as a duplicate once the first is
-//! done. The claim keeps the payload hash, so a replayed message whose key
+//! A crash in between leaves the record (released: the message, delivered
+//! again as bad input, gets a second record rather than none), and
+//! replaying it again publishes a second copy, which the claim answers as
+//! a duplicate once the first is done. The claim keeps the payload hash, so a replayed message whose key
 //! was reused with another payload is still a conflict.
 
 use anyhow::{bail, Context, Result};

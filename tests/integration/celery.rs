@@ -362,29 +362,36 @@ async fn malformed_messages_are_dead_lettered(transport: Transport) {
 async fn a_bad_task_delivered_again_while_its_answer_fails_is_dead_lettered_once() {
     use idem_host::tools::kit::{FaultyProxy, Link};
     let (_side, mut env, _cleanup) = celery_env("celery_dl_once", Transport::Redis, false).await;
-    let redis = url::Url::parse(&services::redis()).unwrap();
-    let upstream = (redis.host_str().unwrap(), redis.port().unwrap_or(6379));
+    // The result backend through a proxy (the test server's credentials
+    // and database kept).
+    let mut backend = url::Url::parse(&services::redis()).unwrap();
+    let upstream = (backend.host_str().unwrap().to_string(), backend.port().unwrap_or(6379));
     let upstream = tokio::net::lookup_host(upstream).await.unwrap().next().unwrap();
     let proxy = FaultyProxy::start(upstream).await.unwrap();
-    env.config.broker.result_backend = Some(format!("redis://{}", proxy.addr()));
+    backend.set_host(Some("127.0.0.1")).unwrap();
+    backend.set_port(Some(proxy.addr().port())).unwrap();
+    env.config.broker.result_backend = Some(backend.to_string());
     env.config.limits.max_payload_bytes = 8;
     let pool = env.start().await;
 
     proxy.set(Link::Cut);
-    let task = envelope("too-big", "celery-credits", serde_json::json!({ "user": "u", "balance": 1 }));
+    // Named under the namespace, so the cleanup removes its result.
+    let id = format!("{}-too-big", env.config.namespace);
+    let task = envelope(&id, "celery-credits", serde_json::json!({ "user": "u", "balance": 1 }));
     pool.backends.broker.publish(&[task], Duration::ZERO).await.unwrap();
-    wait_until(Duration::from_secs(60), "the bad task delivered three times", || async {
+    // Each failed answer may wait out the result backend's reconnects.
+    wait_until(Duration::from_secs(120), "the bad task delivered three times", || async {
         pool.counters.snapshot().deliveries >= 3
     })
     .await;
     proxy.set(Link::Up);
-    wait_until(Duration::from_secs(60), "the bad task answered and acked", || async {
+    wait_until(Duration::from_secs(120), "the bad task answered and acked", || async {
         pool.backends.broker.pending().await.unwrap() == 0
     })
     .await;
     let letters = pool.backends.admin.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), 1, "{letters:?}");
-    assert_eq!(letters[0].msg_id, "too-big");
+    assert_eq!(letters[0].msg_id, id);
     assert!(letters[0].reason.contains("limits.max_payload_bytes"), "{}", letters[0].reason);
     pool.stop().await.unwrap();
 }

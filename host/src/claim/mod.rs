@@ -128,7 +128,9 @@ pub struct DeadLetterRequest<'a> {
 /// store records one dead letter per identity for the dead letters no
 /// claim retires (bad input, a key reused with another payload), so a
 /// message redelivered because its answer or ack failed after its dead
-/// letter was recorded is not recorded again.
+/// letter was recorded is not recorded again. (Redis's claim script
+/// identifies a conflict with a hash of its own, over the payload's hash:
+/// it never receives the payload's identity.)
 pub fn delivery_identity(plugin: &str, key: &str, msg_id: &str, payload: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();

@@ -3,8 +3,9 @@
 //! Every guarded change is one Lua script (`host/lua/claims_*.lua`), so a
 //! fence check and the change it guards are atomic. Keys live under the
 //! namespace: `{ns}:claim:…` (a hash per claim), `{ns}:journal:…` (a hash
-//! per message), `{ns}:dead:…` (a hash per dead letter, ids in a list), and
-//! `{ns}:counts` (claims by state). Data written under these claims is
+//! per message), `{ns}:dead:…` (a hash per dead letter, ids in a list,
+//! and for one no claim retires, `{ns}:dead:delivery:…` naming its record
+//! by what identifies its message), and `{ns}:counts` (claims by state). Data written under these claims is
 //! fenced at the data store with the same fence numbers (a fencing token).
 //!
 //! Redis acknowledges a write before it is on disk unless it runs with
