@@ -22,27 +22,6 @@ local now = tonumber(now_text)
 local dl_prefix = ARGV[2]
 local out = {}
 
--- `delivery`, for a dead letter no claim retires (a conflict), names the
--- key that holds the id of the one recorded for that delivered message:
--- while that record exists, a redelivery (its ack failed) records none.
-local function dead_letter(plugin, key, msg_id, headers, payload, reason, attempts, version, first_seen, delivery)
-  if delivery then
-    local prior = redis.call('GET', delivery)
-    if prior and redis.call('EXISTS', dl_prefix .. prior) == 1 then
-      return
-    end
-  end
-  local id = redis.call('INCR', KEYS[2])
-  redis.call('HSET', dl_prefix .. id, 'id', id, 'plugin', plugin, 'key', key, 'msg_id', msg_id,
-    'headers', headers, 'payload', payload, 'reason', reason, 'attempts', attempts,
-    'plugin_version', version, 'first_seen_at', first_seen, 'dead_at', now)
-  if delivery then
-    redis.call('HSET', dl_prefix .. id, 'delivery', delivery)
-    redis.call('SET', delivery, id)
-  end
-  redis.call('LPUSH', KEYS[3], id)
-end
-
 -- The key naming a conflicting delivery: its plugin, key, message id and
 -- payload hash, length-prefixed and hashed.
 local function conflict_delivery(plugin, key, msg_id, hash)
@@ -88,7 +67,7 @@ for i = 1, #KEYS - 4 do
     local reason = 'conflict: key "' .. key .. '" of plugin ' .. plugin ..
       ' was first seen with a different payload (sha256 ' .. string.sub(c[1], 1, 12) ..
       '…, this delivery ' .. string.sub(hash, 1, 12) .. '…); a reused key is not a duplicate'
-    dead_letter(plugin, key, msg_id, headers, payload, reason, 0, version, now,
+    record_dead_letter(dl_prefix, now, plugin, key, msg_id, headers, payload, reason, 0, version, now,
       conflict_delivery(plugin, key, msg_id, hash))
     out[i] = {'conflict'}
   else
@@ -114,7 +93,8 @@ for i = 1, #KEYS - 4 do
         'last_error', reason, 'updated_at', now)
       move(state, 'dead')
       redis.call('ZADD', settled, now, ck)
-      dead_letter(plugin, key, msg_id, headers, payload, reason, attempts, version, tonumber(c[9]))
+      record_dead_letter(dl_prefix, now, plugin, key, msg_id, headers, payload, reason, attempts, version,
+        tonumber(c[9]))
       out[i] = {'exhausted', attempts, fence + 1}
     else
       redis.call('HSET', ck, 'state', 'running', 'fence', fence + 1, 'attempts', attempts + 1,

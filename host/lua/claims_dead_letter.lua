@@ -25,20 +25,7 @@ if ARGV[1] ~= '' then
   redis.call('HINCRBY', KEYS[1], 'dead', 1)
   redis.call('ZADD', KEYS[5], now, KEYS[4])
 end
-local delivery = ARGV[11]
-if delivery ~= '' then
-  local prior = redis.call('GET', delivery)
-  if prior and redis.call('EXISTS', ARGV[10] .. prior) == 1 then
-    return 1
-  end
-end
-local id = redis.call('INCR', KEYS[2])
-redis.call('HSET', ARGV[10] .. id, 'id', id, 'plugin', ARGV[2], 'key', ARGV[3], 'msg_id', ARGV[4],
-  'headers', ARGV[5], 'payload', ARGV[6], 'reason', ARGV[7], 'attempts', attempts,
-  'plugin_version', version, 'first_seen_at', first_seen, 'dead_at', now)
-if delivery ~= '' then
-  redis.call('HSET', ARGV[10] .. id, 'delivery', delivery)
-  redis.call('SET', delivery, id)
-end
-redis.call('LPUSH', KEYS[3], id)
+local delivery = ARGV[11] ~= '' and ARGV[11] or nil
+record_dead_letter(ARGV[10], now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], attempts, version,
+  first_seen, delivery)
 return 1

@@ -8,8 +8,9 @@
 //! A crash in between leaves the record (released: the message, delivered
 //! again as bad input, gets a second record rather than none), and
 //! replaying it again publishes a second copy, which the claim answers as
-//! a duplicate once the first is done. The claim keeps the payload hash, so a replayed message whose key
-//! was reused with another payload is still a conflict.
+//! a duplicate once the first is done. The claim keeps the payload hash,
+//! so a replayed message whose key was reused with another payload is
+//! still a conflict.
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;

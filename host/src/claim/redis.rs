@@ -5,8 +5,9 @@
 //! namespace: `{ns}:claim:…` (a hash per claim), `{ns}:journal:…` (a hash
 //! per message), `{ns}:dead:…` (a hash per dead letter, ids in a list,
 //! and for one no claim retires, `{ns}:dead:delivery:…` naming its record
-//! by what identifies its message), and `{ns}:counts` (claims by state). Data written under these claims is
-//! fenced at the data store with the same fence numbers (a fencing token).
+//! by what identifies its message), and `{ns}:counts` (claims by state).
+//! Data written under these claims is fenced at the data store with the
+//! same fence numbers (a fencing token).
 //!
 //! Redis acknowledges a write before it is on disk unless it runs with
 //! `appendonly yes` and `appendfsync always`; run it that way (or accept
@@ -65,11 +66,17 @@ impl RedisClaims {
         Ok(RedisClaims {
             conn,
             ns: namespace.to_string(),
-            claim: Script::new(include_str!("../../lua/claims_claim.lua")),
+            claim: Script::new(concat!(
+                include_str!("../../lua/dead_letter_record.lua"),
+                include_str!("../../lua/claims_claim.lua")
+            )),
             extend: Script::new(include_str!("../../lua/claims_extend.lua")),
             confirm: Script::new(include_str!("../../lua/claims_confirm.lua")),
             release: Script::new(include_str!("../../lua/claims_release.lua")),
-            dead_letter: Script::new(include_str!("../../lua/claims_dead_letter.lua")),
+            dead_letter: Script::new(concat!(
+                include_str!("../../lua/dead_letter_record.lua"),
+                include_str!("../../lua/claims_dead_letter.lua")
+            )),
             dead_letter_release: Script::new(include_str!("../../lua/claims_dead_letter_release.lua")),
             revive: Script::new(include_str!("../../lua/claims_revive.lua")),
             journal_put: Script::new(include_str!("../../lua/claims_journal_put.lua")),
