@@ -228,7 +228,10 @@ async fn kafka_a_rebalance_waits_for_running_records_within_its_grace() {
 }
 
 /// Records another producer wrote: with `Idem-Handler` they run, their id
-/// the record's place; without, they are refused with the fix.
+/// the record's place; without, they are refused with the fix. A record
+/// stamped due at the end of time is refused too, and the next record of
+/// its key runs once it is settled (before, it was held for good, and its
+/// key with it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_records_from_other_producers() {
     use rdkafka::message::{Header, OwnedHeaders};
@@ -266,6 +269,42 @@ async fn kafka_records_from_other_producers() {
         assert!(
             refused.contains("Idem-Handler") && refused.contains(&format!("{topic}-0-1")),
             "{refused}"
+        );
+        b.ack(&receipts(&got)).await.unwrap();
+
+        let handled = |not_before: Option<&str>| {
+            let h = OwnedHeaders::new().insert(Header {
+                key: "Idem-Handler",
+                value: Some("grant-credits"),
+            });
+            match not_before {
+                Some(at) => h.insert(Header {
+                    key: "Idem-Not-Before",
+                    value: Some(at),
+                }),
+                None => h,
+            }
+        };
+        let end_of_time = i64::MAX.to_string();
+        for headers in [handled(Some(&end_of_time)), handled(None)] {
+            let record = FutureRecord::to(&topic)
+                .key("u2")
+                .payload(r#"{"user":"u2","balance":1}"#)
+                .headers(headers);
+            producer.send(record, Duration::from_secs(10)).await.unwrap();
+        }
+        let got = brokers::fetch_n(&b, 1, Duration::from_secs(30), "the record stamped at the end of time").await;
+        assert_eq!(got[0].envelope.id, format!("{topic}-0-2"));
+        let refused = got[0].refused.as_deref().unwrap();
+        assert!(
+            refused.contains("Idem-Not-Before") && refused.contains("unix milliseconds"),
+            "{refused}"
+        );
+        b.ack(&receipts(&got)).await.unwrap();
+        let got = brokers::fetch_n(&b, 1, Duration::from_secs(30), "the next record of its key").await;
+        assert_eq!(
+            (got[0].envelope.id.as_str(), got[0].refused.as_deref()),
+            (format!("{topic}-0-3").as_str(), None)
         );
         b.ack(&receipts(&got)).await.unwrap();
     })

@@ -20,8 +20,18 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use super::track::{Commit, PartId, Seed, Track};
 use super::wire;
 
-/// Read and not yet handed out: above this, the partitions are paused.
+/// Records read and not yet handed out: above this, the partitions are
+/// paused.
 const BUFFER: usize = 2_000;
+/// Their payloads' bytes: above this too (records of a megabyte would
+/// otherwise fill 2 GB before the count paused them).
+const BUFFER_BYTES: usize = 64 << 20;
+
+/// Whether the read-ahead is full: paused at a limit, resumed under half
+/// of both.
+fn over_buffer(paused: bool, (records, bytes): (usize, usize)) -> bool {
+    records >= BUFFER || bytes >= BUFFER_BYTES || (paused && (records > BUFFER / 2 || bytes > BUFFER_BYTES / 2))
+}
 /// How long one `poll` waits; also the longest a queued commit waits.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -188,7 +198,7 @@ pub(super) fn run(consumer: Arc<BaseConsumer<Ctx>>, shared: Arc<Shared>) {
             Some(Err(_)) | None => {}
         }
         let buffered = shared.track().buffered();
-        if buffered >= BUFFER || (paused && buffered > BUFFER / 2) {
+        if over_buffer(paused, buffered) {
             // Over the buffer: pause the assignment (again, for partitions
             // assigned since), polling on to stay in the group.
             if let Ok(assignment) = consumer.assignment() {
@@ -215,4 +225,19 @@ pub(super) fn run(consumer: Arc<BaseConsumer<Ctx>>, shared: Arc<Shared>) {
     }
     // The last reference closes the consumer: it leaves the group.
     drop(consumer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_ahead_pauses_at_its_count_or_its_bytes() {
+        assert!(!over_buffer(false, (BUFFER - 1, BUFFER_BYTES - 1)));
+        assert!(over_buffer(false, (BUFFER, 0)));
+        assert!(over_buffer(false, (64, BUFFER_BYTES)), "64 records of a megabyte");
+        assert!(over_buffer(true, (0, BUFFER_BYTES / 2 + 1)), "paused until under half");
+        assert!(over_buffer(true, (BUFFER / 2 + 1, 0)));
+        assert!(!over_buffer(true, (BUFFER / 2, BUFFER_BYTES / 2)));
+    }
 }

@@ -351,7 +351,7 @@ impl Broker for KafkaBroker {
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
         let producer = self.producer().await?;
         let topic = &self.options.topics[0];
-        let not_before = (!delay.is_zero()).then(|| crate::broker::due_at(crate::now_ms(), delay));
+        let not_before = wire::stamp(crate::now_ms(), delay)?;
         let mut sends = Vec::with_capacity(envelopes.len());
         for e in envelopes {
             let headers = wire::headers(e, not_before)?;
@@ -386,7 +386,8 @@ impl Broker for KafkaBroker {
         // retry to come due.
         let mut wait = Duration::from_millis(100);
         if let Some(due) = due {
-            wait = wait.min(Duration::from_millis((due + 1 - crate::now_ms()).max(0) as u64));
+            let left = due.saturating_add(1).saturating_sub(crate::now_ms()).max(0);
+            wait = wait.min(Duration::from_millis(left as u64));
         }
         let _ = tokio::time::timeout(wait, arrived).await;
         Ok(self.shared.track().take(max, crate::now_ms()))

@@ -61,6 +61,13 @@ struct Slot {
     deliveries: u32,
 }
 
+impl Slot {
+    /// What its record holds in memory, as the read-ahead counts it.
+    fn bytes(&self) -> usize {
+        self.record.envelope.payload.len()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Part {
     epoch: u64,
@@ -174,6 +181,8 @@ pub(super) struct Track {
     epochs: u64,
     /// Records read and not at the worker (ready or waiting).
     buffered: usize,
+    /// Their payloads' bytes.
+    buffered_bytes: usize,
     /// Where the next `take` starts, so every partition gets its turn.
     cursor: usize,
 }
@@ -194,6 +203,7 @@ impl Track {
             parts: BTreeMap::new(),
             epochs: 0,
             buffered: 0,
+            buffered_bytes: 0,
             cursor: 0,
         }
     }
@@ -227,11 +237,13 @@ impl Track {
                     part.read_to = Some(read.min(*first));
                 }
                 for offset in idle {
+                    let Some(slot) = part.close(offset) else { continue };
+                    self.buffered -= 1;
+                    self.buffered_bytes -= slot.bytes();
                     // Its count goes on in the commit's metadata.
-                    if let Some(slot) = part.close(offset).filter(|s| s.deliveries > 0) {
+                    if slot.deliveries > 0 {
                         part.seed.counts.insert(offset, slot.deliveries);
                     }
-                    self.buffered -= 1;
                 }
             }
         }
@@ -260,7 +272,10 @@ impl Track {
                 // Deliveries still out are abandoned: the watermark stays
                 // below them, and their claims fence them off.
                 commits.extend(part.commit(id));
-                self.buffered -= part.open.values().filter(|s| s.state != State::Out).count();
+                for slot in part.open.values().filter(|s| s.state != State::Out) {
+                    self.buffered -= 1;
+                    self.buffered_bytes -= slot.bytes();
+                }
             }
         }
         commits
@@ -283,6 +298,8 @@ impl Track {
         if let Some(key) = &record.key {
             part.by_key.entry(key.clone()).or_default().insert(offset);
         }
+        self.buffered += 1;
+        self.buffered_bytes += record.envelope.payload.len();
         part.open.insert(
             offset,
             Slot {
@@ -291,7 +308,6 @@ impl Track {
                 deliveries,
             },
         );
-        self.buffered += 1;
         true
     }
 
@@ -339,6 +355,7 @@ impl Track {
                 slot.state = State::Out;
                 slot.deliveries += 1;
                 self.buffered -= 1;
+                self.buffered_bytes -= slot.bytes();
                 out.push(Delivery {
                     envelope: slot.record.envelope.clone(),
                     receipt: receipt(id, offset, epoch, slot.deliveries),
@@ -385,6 +402,7 @@ impl Track {
             Some(slot) if slot.state == State::Out && slot.deliveries == n => {
                 slot.state = State::Waiting(at);
                 self.buffered += 1;
+                self.buffered_bytes += slot.bytes();
                 Ok(())
             }
             _ => Err(Stale::Revoked),
@@ -423,9 +441,9 @@ impl Track {
         self.parts.keys().cloned().collect()
     }
 
-    /// Records read and not at the worker.
-    pub fn buffered(&self) -> usize {
-        self.buffered
+    /// Records read and not at the worker, and their payloads' bytes.
+    pub fn buffered(&self) -> (usize, usize) {
+        (self.buffered, self.buffered_bytes)
     }
 }
 

@@ -103,10 +103,10 @@ fn an_earlier_deliverys_receipt_does_nothing() {
 fn a_revoked_partition_commits_only_what_is_settled_and_ignores_late_receipts() {
     let mut t = track(KafkaOrdering::None, &[None, None, None, None]);
     let d = t.take(2, 0);
-    assert_eq!(t.buffered(), 2);
+    assert_eq!(t.buffered(), (2, 0));
     t.settle(&d[0].receipt).unwrap();
     t.revoke_begin(&[p0()]);
-    assert_eq!(t.buffered(), 0, "what the worker has not taken is dropped");
+    assert_eq!(t.buffered(), (0, 0), "what the worker has not taken is dropped");
     assert!(t.take(10, 0).is_empty(), "nothing more is handed out");
     assert_eq!(t.out(&[p0()]), 1);
     let c = t.revoke_end(&[p0()]);
@@ -219,4 +219,27 @@ fn delayed_records_wait_until_due_and_records_are_read_once() {
 fn receipts_round_trip_topics_with_dots_and_dashes() {
     let id = ("orders.v1-eu".to_string(), 3);
     assert_eq!(parse(&receipt(&id, 42, 7, 2)), Some((id, 42, 7, 2)));
+}
+
+/// The read-ahead counts its records' bytes as well as their number: a
+/// record the worker holds counts nothing; one given back, or read and not
+/// taken, counts its payload; a revocation drops what it drops.
+#[test]
+fn the_read_ahead_counts_the_bytes_it_holds() {
+    let mut t = Track::new(KafkaOrdering::None);
+    t.assign(vec![(p0(), Seed::default())]);
+    for (i, size) in [1 << 20, 1 << 20, 5].into_iter().enumerate() {
+        let mut r = rec(None);
+        r.envelope.payload = vec![0; size];
+        assert!(t.insert(&p0(), 10 + i as i64, r));
+    }
+    assert_eq!(t.buffered(), (3, (2 << 20) + 5));
+    let d = t.take(2, 0);
+    assert_eq!(t.buffered(), (1, 5), "taken: held by the worker, not read ahead");
+    t.give_back(&d[0].receipt, 100).unwrap();
+    assert_eq!(t.buffered(), (2, (1 << 20) + 5));
+    t.settle(&d[1].receipt).unwrap();
+    assert_eq!(t.buffered(), (2, (1 << 20) + 5));
+    t.revoke_begin(&[p0()]);
+    assert_eq!(t.buffered(), (0, 0));
 }

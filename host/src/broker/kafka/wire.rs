@@ -4,7 +4,12 @@
 //! Headers:
 //! - `Idem-Id`, `Idem-Handler`: the envelope's id and handler;
 //! - `Idem-Not-Before`: unix ms, on a delayed publish (Kafka has no
-//!   per-record delay: the consumer holds the record until then);
+//!   per-record delay: the consumer holds the record until then, and the
+//!   records of its key, or of its partition, wait behind it). A delay is
+//!   at most [`MAX_DELAY_MS`]: `publish` refuses a longer one, and a record
+//!   stamped further ahead of the reading worker's clock (another
+//!   producer's, or one writing microseconds) is dead-lettered
+//!   with the reason instead of holding its key or partition for good;
 //! - every other header is the producer's, in order, as Kafka keeps them.
 //!   Names starting with `Idem-` are Idem's own: `publish` refuses an
 //!   envelope header of that form.
@@ -23,6 +28,43 @@ use crate::envelope::Envelope;
 pub(super) const ID: &str = "Idem-Id";
 pub(super) const HANDLER: &str = "Idem-Handler";
 pub(super) const NOT_BEFORE: &str = "Idem-Not-Before";
+
+/// The longest delay a Kafka record may carry: the record is held in its
+/// partition until due, and nothing after it is committed meanwhile.
+pub(super) const MAX_DELAY_MS: i64 = 60 * 60 * 1000;
+
+/// How far apart the clocks of a publisher and a reader may be before a
+/// record stamped with the longest delay is taken for a wrong stamp.
+const CLOCK_SLACK_MS: i64 = 60 * 1000;
+
+/// A delayed publish's stamp, or the reason a delay that long is refused.
+pub(super) fn stamp(now: i64, delay: std::time::Duration) -> Result<Option<i64>, BrokerError> {
+    if delay.is_zero() {
+        return Ok(None);
+    }
+    if delay.as_millis() > MAX_DELAY_MS as u128 {
+        return Err(BrokerError::Unavailable(format!(
+            "Kafka: a delay of {} ms is longer than the {MAX_DELAY_MS} ms a Kafka record may be held (its key or partition waits behind it); publish it later instead",
+            delay.as_millis()
+        )));
+    }
+    Ok(Some(crate::broker::due_at(now, delay)))
+}
+
+/// A read `Idem-Not-Before` value, checked against the reader's clock:
+/// the time the record is due, or why it is refused.
+fn due(value: &str, now: i64) -> Result<i64, String> {
+    let at = value
+        .trim()
+        .parse::<i64>()
+        .map_err(|_| format!("header {NOT_BEFORE} is not unix milliseconds: {value:?}"))?;
+    if at.saturating_sub(now) > MAX_DELAY_MS + CLOCK_SLACK_MS {
+        return Err(format!(
+            "header {NOT_BEFORE} is {at}, more than {MAX_DELAY_MS} ms after this worker's clock ({now}): a Kafka record is held in its partition until due, so Idem takes delays of at most an hour (check that the producer writes unix milliseconds and that its clock is right)"
+        ));
+    }
+    Ok(at)
+}
 
 fn reserved(name: &str) -> bool {
     name.as_bytes().get(..5).is_some_and(|p| p.eq_ignore_ascii_case(b"idem-"))
@@ -99,9 +141,9 @@ fn read(m: &BorrowedMessage<'_>) -> Record {
             match h.key {
                 ID => id = Some(value),
                 HANDLER => handler = Some(value),
-                NOT_BEFORE => match value.trim().parse::<i64>() {
+                NOT_BEFORE => match due(&value, crate::now_ms()) {
                     Ok(at) => not_before = Some(at),
-                    Err(_) => refused = Some(format!("header {NOT_BEFORE} is not unix milliseconds: {value:?}")),
+                    Err(why) => refused = Some(why),
                 },
                 name => headers.push((name.to_string(), value)),
             }
@@ -110,6 +152,11 @@ fn read(m: &BorrowedMessage<'_>) -> Record {
     let id = id
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| format!("{}-{}-{}", m.topic(), m.partition(), m.offset()));
+    if refused.is_some() {
+        // Refused: dead-lettered at once, not held until a stamp it has
+        // been refused for.
+        not_before = None;
+    }
     let handler = handler.unwrap_or_default();
     if handler.is_empty() {
         refused = Some(format!(
@@ -159,5 +206,33 @@ mod tests {
         assert_eq!(key_of(&e, Some("/account")), "42");
         assert_eq!(key_of(&e, Some("/missing")), "m1");
         assert_eq!(key_of(&e, None), "m1");
+    }
+
+    #[test]
+    fn a_delay_is_at_most_an_hour_when_published_and_when_read() {
+        use std::time::Duration;
+        let now = 1_765_000_000_000;
+        assert_eq!(stamp(now, Duration::ZERO).unwrap(), None);
+        assert_eq!(stamp(now, Duration::from_millis(50)).unwrap(), Some(now + 51));
+        let longest = Duration::from_millis(MAX_DELAY_MS as u64);
+        let at = stamp(now, longest).unwrap().unwrap();
+        let err = stamp(now, longest + Duration::from_millis(1)).unwrap_err().to_string();
+        assert!(err.contains("Kafka record may be held"), "{err}");
+
+        // The longest delay is taken, even by a reader whose clock is a
+        // little behind the publisher's.
+        assert_eq!(due(&at.to_string(), now), Ok(at));
+        assert_eq!(due(&at.to_string(), now - CLOCK_SLACK_MS + 1), Ok(at));
+        // A stamp far ahead (the end of time, microseconds, a clock a day
+        // off) is refused with the header's name and the fix, without
+        // overflowing.
+        for far in [i64::MAX, now * 1_000, now + 24 * 60 * 60 * 1000, at + CLOCK_SLACK_MS + 1] {
+            let why = due(&far.to_string(), now).unwrap_err();
+            assert!(why.contains(NOT_BEFORE) && why.contains("unix milliseconds"), "{why}");
+        }
+        // Past stamps are due at once.
+        assert_eq!(due(" 17 ", now), Ok(17));
+        assert_eq!(due(&i64::MIN.to_string(), now), Ok(i64::MIN));
+        assert!(due("soon", 1_000).unwrap_err().contains("not unix milliseconds"));
     }
 }
