@@ -7,7 +7,10 @@
 //! read is compiled again and replaced.
 //!
 //! Reading an entry runs the machine code in it, so the directory must be
-//! writable only by the worker's user (it is created with mode 0700).
+//! writable only by the worker's user (it is created with mode 0700). A
+//! directory or entry that another user owns or may write is not read (nor
+//! written): the component is compiled, with an error naming the setting
+//! and the fix.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -50,7 +53,19 @@ impl CompileCache {
     /// loads, else compiled and stored.
     pub fn component(&self, engine: &Engine, bytes: &[u8]) -> Result<(Component, Source)> {
         let entry = self.entry(engine, bytes);
-        if entry.exists() {
+        if let Err(why) = private(&self.dir, false) {
+            tracing::error!(
+                "worker.compile_cache_dir {} {why}: what is in it would run as machine code, so it is not used; make it the worker user's own (chown) and writable by no one else (chmod 700)",
+                self.dir.display()
+            );
+            return Ok((
+                Component::new(engine, bytes).map_err(|e| anyhow::anyhow!("{e:#}"))?,
+                Source::Compiled,
+            ));
+        }
+        if let Err(why) = private(&entry, true) {
+            tracing::error!(entry = %entry.display(), "compiled component {why}: not read; compiling it again");
+        } else if entry.exists() {
             // SAFETY: entries are written only by `store` below, from
             // `Component::serialize` of this engine's settings (the name says
             // which), into a directory only this user can write.
@@ -79,6 +94,35 @@ impl CompileCache {
             .map_err(|e| anyhow::anyhow!("cannot rename {} into place: {}", e.file.path().display(), e.error))?;
         Ok(())
     }
+}
+
+/// Whether `path` may hold machine code this process runs: owned by this
+/// process's user and writable by no one else (an entry also a file of its
+/// own, not a link).
+fn private(path: &Path, entry: bool) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match if entry {
+        std::fs::symlink_metadata(path)
+    } else {
+        std::fs::metadata(path)
+    } {
+        Ok(meta) => meta,
+        // Not there yet: written (and a directory created) private.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot be read ({e})")),
+    };
+    if entry && !meta.file_type().is_file() {
+        return Err("is not a file of its own (a link or a directory)".into());
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if meta.uid() != uid {
+        return Err(format!("is owned by user {}, not by this worker's user {uid}", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!("may be written by other users (mode {:o})", meta.mode() & 0o777));
+    }
+    Ok(())
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {
@@ -116,5 +160,48 @@ mod tests {
         other.wasm_component_model(true).epoch_interruption(true);
         let other = Engine::new(&other).unwrap();
         assert_eq!(cache.component(&other, EMPTY_COMPONENT).unwrap().1, Source::Compiled);
+    }
+
+    /// An entry another user could have written is never read: not in a
+    /// directory others may write, nor a file others may write or a link.
+    #[test]
+    fn entries_others_may_write_are_not_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let compiled = dir.path().join("compiled");
+        let cache = CompileCache::new(&compiled);
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Compiled);
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Cached);
+        let entry = cache.entry(&engine, EMPTY_COMPONENT);
+        let chmod = |path: &Path, mode: u32| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+
+        chmod(&compiled, 0o777);
+        assert_eq!(
+            cache.component(&engine, EMPTY_COMPONENT).unwrap().1,
+            Source::Compiled,
+            "a directory anyone may write"
+        );
+        chmod(&compiled, 0o700);
+        chmod(&entry, 0o666);
+        assert_eq!(
+            cache.component(&engine, EMPTY_COMPONENT).unwrap().1,
+            Source::Compiled,
+            "an entry anyone may write"
+        );
+        chmod(&entry, 0o600);
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Cached);
+
+        let elsewhere = dir.path().join("elsewhere.cwasm");
+        std::fs::rename(&entry, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Compiled, "a link");
+        assert!(
+            !std::fs::symlink_metadata(&entry).unwrap().file_type().is_symlink(),
+            "replaced by an entry of its own"
+        );
+        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Cached);
     }
 }

@@ -123,6 +123,13 @@ fn pool_memory_bytes(options: &RuntimeOptions) -> u64 {
     options.max_memory_bytes.max(4 << 20)
 }
 
+/// The size under which wasmtime makes a copy-on-write image of any heap,
+/// however sparse: the default `limits.memory_bytes`. It shapes the
+/// compiled code and is not in the engine's compatibility hash, so it is
+/// one value for every engine: a component compiled into the cache by
+/// `idem plugin check` is the one a worker with other limits would compile.
+const DENSE_IMAGE_BYTES: u64 = 64 << 20;
+
 /// The engine's configuration: component model, epoch interruption and a
 /// pooling allocator sized for `max_instances` instances of `per`.
 fn engine_config(options: &RuntimeOptions, per: Footprint, reset: Reset) -> WasmConfig {
@@ -163,8 +170,8 @@ fn engine_config(options: &RuntimeOptions, per: Footprint, reset: Reset) -> Wasm
         // wasmtime makes such an image only for a dense enough heap unless
         // it is under this size; an interpreter's snapshot is sparse and
         // can pass 16 MiB, and without an image every instance would copy
-        // it. No image can be larger than the memory limit.
-        .memory_guaranteed_dense_image_size(options.max_memory_bytes.max(16 << 20))
+        // it.
+        .memory_guaranteed_dense_image_size(DENSE_IMAGE_BYTES)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     config
 }
