@@ -16,7 +16,7 @@ use idem_host::broker::Broker;
 use idem_host::envelope::Envelope;
 
 use crate::common::brokers::{self, fetch_until, in_sqs_queue};
-use crate::common::{services, unique_namespace};
+use crate::common::{services, unique_namespace, wait_for};
 
 fn message(group: u32, seq: u32) -> Envelope {
     Envelope {
@@ -94,6 +94,50 @@ async fn sqs_fifo_groups_keep_their_order_across_retries_and_consumers() {
         }
         assert_eq!(*retries.lock().unwrap(), groups * 3, "every third message was retried once");
         assert_eq!(consumers[0].pending().await.unwrap(), 0);
+    })
+    .await;
+}
+
+/// A FIFO message received again while its first delivery still runs
+/// (its visibility ran out) waits behind that delivery; when the first is
+/// then given back, its receipt stale, the group is free again and the
+/// message comes back. Before, the stale give-back did nothing and the
+/// group stayed taken for good, the copy held and extended forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_a_stale_give_back_frees_its_group() {
+    use aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages as Visible;
+    in_sqs_queue(true, |queue| async move {
+        let b = brokers::sqs(&brokers::sqs_options(&queue)).await;
+        let client = sdk_client().await;
+        let url = client.get_queue_url().queue_name(&queue).send().await.unwrap().queue_url.unwrap();
+        let visible = || async {
+            let out = client
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(Visible)
+                .send()
+                .await
+                .unwrap();
+            out.attributes().and_then(|a| a.get(&Visible)).cloned().unwrap_or_default()
+        };
+        b.publish(&[message(1, 1)], Duration::ZERO).await.unwrap();
+        let first = fetch_until(&b, 10, Duration::from_secs(1), "the first delivery").await;
+        assert_eq!(first.len(), 1);
+        wait_for(Duration::from_secs(30), "the first delivery's visibility to run out", || async {
+            (visible().await == "1").then_some(())
+        })
+        .await;
+        assert!(
+            b.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty(),
+            "the copy waits behind the first delivery"
+        );
+        assert_eq!(visible().await, "0", "the copy was received");
+
+        b.nack(&first[0].receipt, Duration::ZERO).await.unwrap();
+        let again = fetch_until(&b, 10, Duration::from_secs(60), "the message, after its stale give-back").await;
+        assert_eq!(again.iter().map(|d| d.envelope.id.as_str()).collect::<Vec<_>>(), ["g1-m1"]);
+        b.ack(&[&again[0].receipt]).await.unwrap();
+        assert_eq!(b.pending().await.unwrap(), 0);
     })
     .await;
 }
@@ -265,6 +309,101 @@ async fn sdk_client() -> aws_sdk_sqs::Client {
     SqsBroker::sdk_client(&brokers::sqs_options("unused")).await
 }
 
+/// A proxy in front of the test server that answers 503 (as SQS does when
+/// it is overloaded) to the requests `fail` picks by their operation
+/// (`X-Amz-Target`, such as `AmazonSQS.ReceiveMessage`) and passes the
+/// others through; its address.
+async fn proxy(fail: impl Fn(&str) -> bool + Clone + Send + Sync + 'static) -> String {
+    let upstream = services::sqs();
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let (fail, upstream, http) = (fail.clone(), upstream.clone(), http.clone());
+        async move {
+            use axum::response::IntoResponse;
+            let target = req.headers().get("x-amz-target").and_then(|t| t.to_str().ok()).unwrap_or_default();
+            if fail(target) {
+                let body = r#"{"__type":"com.amazonaws.sqs#ServiceUnavailable","message":"try again"}"#;
+                return (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+            }
+            let (parts, body) = req.into_parts();
+            let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+            let mut out = http.post(format!("{upstream}{}", parts.uri.path()));
+            for (k, v) in &parts.headers {
+                if k != axum::http::header::HOST {
+                    out = out.header(k, v);
+                }
+            }
+            let answer = out.body(body).send().await.unwrap();
+            let status = answer.status();
+            let headers = answer.headers().clone();
+            let bytes = answer.bytes().await.unwrap();
+            let mut response = (status, bytes).into_response();
+            for (k, v) in &headers {
+                if k == "content-type" || k.as_str().starts_with("x-amz") {
+                    response.headers_mut().insert(k, v.clone());
+                }
+            }
+            response
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// On a FIFO queue, a failed delete or receive still settles what the
+/// worker is done with: after an ack whose delete failed, the next message
+/// of the group goes out; a fetch whose receive fails hands out the
+/// message it took from behind its group rather than dropping it. Before,
+/// either left the group taken for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_fifo_groups_go_on_after_a_failed_delete_or_receive() {
+    use aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages as Visible;
+    in_sqs_queue(true, |queue| async move {
+        let failing = Arc::new(Mutex::new(None::<&'static str>));
+        let faults = failing.clone();
+        let mut options = brokers::sqs_options(&queue);
+        options.endpoint = Some(proxy(move |target| faults.lock().unwrap().is_some_and(|f| target.ends_with(f))).await);
+        options.group_pointer = Some("/account".into());
+        let b = brokers::sqs(&options).await;
+        b.publish(&[message(1, 1), message(1, 2), message(1, 3)], Duration::ZERO)
+            .await
+            .unwrap();
+        let ids = |got: &[idem_host::envelope::Delivery]| got.iter().map(|d| d.envelope.id.clone()).collect::<Vec<_>>();
+        let first = fetch_until(&b, 10, Duration::from_secs(60), "the group's first message").await;
+        assert_eq!(ids(&first), ["g1-m1"], "one of the group at a time");
+        let client = sdk_client().await;
+        let url = client.get_queue_url().queue_name(&queue).send().await.unwrap().queue_url.unwrap();
+        let out = client
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(Visible)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            out.attributes().and_then(|a| a.get(&Visible)).map(String::as_str),
+            Some("0"),
+            "the rest wait in hand"
+        );
+
+        *failing.lock().unwrap() = Some(".DeleteMessageBatch");
+        let err = b.ack(&[&first[0].receipt]).await.unwrap_err().to_string();
+        assert!(err.contains("cannot delete acked messages"), "{err}");
+        *failing.lock().unwrap() = None;
+        let second = fetch_until(&b, 10, Duration::from_secs(60), "the next message, after a failed delete").await;
+        assert_eq!(ids(&second), ["g1-m2"]);
+        b.ack(&[&second[0].receipt]).await.unwrap();
+
+        *failing.lock().unwrap() = Some(".ReceiveMessage");
+        let third = b.fetch(10, Duration::from_secs(60)).await;
+        *failing.lock().unwrap() = None;
+        assert_eq!(ids(&third.unwrap()), ["g1-m3"], "handed out although the receive failed");
+    })
+    .await;
+}
+
 /// Throttling and 5xx answers are retried with backoff before a call
 /// fails: in front of the server, a proxy answers the first two requests
 /// of every three with 503 (as SQS does when it is overloaded), then
@@ -275,44 +414,9 @@ async fn sqs_throttling_and_5xx_are_retried_with_backoff() {
     in_sqs_queue(false, |queue| async move {
         let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counter = seen.clone();
-        let upstream = services::sqs();
-        let http = reqwest::Client::new();
-        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
-            let (counter, upstream, http) = (counter.clone(), upstream.clone(), http.clone());
-            async move {
-                use axum::response::IntoResponse;
-                let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if n % 3 != 2 {
-                    let body = r#"{"__type":"com.amazonaws.sqs#ServiceUnavailable","message":"try again"}"#;
-                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response();
-                }
-                let (parts, body) = req.into_parts();
-                let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
-                let mut out = http.post(format!("{upstream}{}", parts.uri.path()));
-                for (k, v) in &parts.headers {
-                    if k != axum::http::header::HOST {
-                        out = out.header(k, v);
-                    }
-                }
-                let answer = out.body(body).send().await.unwrap();
-                let status = answer.status();
-                let headers = answer.headers().clone();
-                let bytes = answer.bytes().await.unwrap();
-                let mut response = (status, bytes).into_response();
-                for (k, v) in &headers {
-                    if k == "content-type" || k.as_str().starts_with("x-amz") {
-                        response.headers_mut().insert(k, v.clone());
-                    }
-                }
-                response
-            }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-
+        let endpoint = proxy(move |_| counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 3 != 2).await;
         let mut options = brokers::sqs_options(&queue);
-        options.endpoint = Some(format!("http://{addr}"));
+        options.endpoint = Some(endpoint);
         let b = brokers::sqs(&options).await;
         b.publish(&[brokers::envelope("x")], Duration::ZERO).await.unwrap();
         let got = fetch_until(&b, 10, Duration::from_secs(30), "x").await;

@@ -34,8 +34,8 @@
 //!   SDK with exponential backoff before a call fails.
 //!
 //! Files: `connect` builds the client and checks the queue, `wire` maps
-//! envelopes onto bodies and attributes, `track` remembers receipts and
-//! FIFO groups.
+//! envelopes onto bodies and attributes and SQS's errors onto broker
+//! errors, `track` remembers receipts and FIFO groups.
 
 mod connect;
 mod track;
@@ -47,16 +47,17 @@ use std::time::Duration;
 
 use anyhow::Result;
 use async_trait::async_trait;
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::builders::SendMessageBatchRequestEntryBuilder;
 use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
     SendMessageBatchRequestEntry,
 };
 use aws_sdk_sqs::Client;
 use futures::future::try_join_all;
 
 use self::track::{Receipt, Track};
+use self::wire::{check_entries, unavailable};
 use super::{Broker, BrokerError, Semantics, Visibility};
 use crate::envelope::{Delivery, Envelope};
 use crate::now_ms;
@@ -160,7 +161,7 @@ impl SqsBroker {
     }
 
     /// One receive of up to `max` messages, waiting up to `wait_secs`.
-    async fn receive(&self, max: usize, visibility: i32, wait_secs: i32) -> Result<Vec<aws_sdk_sqs::types::Message>, BrokerError> {
+    async fn receive(&self, max: usize, visibility: i32, wait_secs: i32) -> Result<Vec<Message>, BrokerError> {
         let out = self
             .client
             .receive_message()
@@ -175,6 +176,23 @@ impl SqsBroker {
             .await
             .map_err(|e| unavailable("cannot receive messages", e))?;
         Ok(out.messages.unwrap_or_default())
+    }
+
+    /// Receive up to `n` messages into `into`: one call, and when it came
+    /// back full, the rest in calls at once that do not wait. What came
+    /// before a failure stays in `into`.
+    async fn receive_into(&self, n: usize, visibility: i32, wait: i32, into: &mut Vec<Message>) -> Result<(), BrokerError> {
+        let first = self.receive(n, visibility, wait).await?;
+        let full = first.len() == BATCH;
+        into.extend(first);
+        let left = n.saturating_sub(into.len());
+        if full && left > 0 {
+            let more = (0..left.div_ceil(BATCH)).map(|i| self.receive((left - i * BATCH).min(BATCH), visibility, 0));
+            for batch in try_join_all(more).await? {
+                into.extend(batch);
+            }
+        }
+        Ok(())
     }
 
     /// Set the visibility of deliveries (by receipt handle) to `secs`, ten
@@ -216,19 +234,20 @@ impl SqsBroker {
     }
 
     /// Give a delivery back after `delay`: its visibility becomes the delay.
-    /// On a FIFO queue, the deliveries waiting behind it go back too.
+    /// On a FIFO queue, the deliveries waiting behind it go back too, also
+    /// when the receipt is stale (its message was received again while it
+    /// ran, and that copy waits behind it): the group is free again, and
+    /// SQS delivers it again from its first message.
     async fn give_back(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
         let r = parse(receipt)?;
         let (stale, behind) = {
             let mut t = self.track();
-            let stale = t.is_stale(&r);
-            (stale, if stale { Vec::new() } else { t.settled(r.seq, true) })
+            (t.is_stale(&r), t.settled(r.seq, true))
         };
-        if stale {
-            return Ok(());
+        if !stale {
+            self.change_visibility(&[r.handle], secs(delay), "cannot give a delivery back")
+                .await?;
         }
-        self.change_visibility(&[r.handle], secs(delay), "cannot give a delivery back")
-            .await?;
         let behind: Vec<Receipt<'_>> = behind.iter().filter_map(|b| Receipt::parse(b)).collect();
         let handles: Vec<&str> = behind.iter().map(|b| b.handle).collect();
         self.change_visibility(&handles, 0, "cannot give back the deliveries of a FIFO group")
@@ -335,15 +354,15 @@ impl Broker for SqsBroker {
         if out.len() < max {
             // Wait only when nothing is in hand yet.
             let wait = if out.is_empty() { self.options.wait_secs.min(20) as i32 } else { 0 };
-            let first = self.receive(max - out.len(), visibility, wait).await?;
-            let full = first.len() == BATCH;
-            received.extend(first);
-            let left = max.saturating_sub(out.len() + received.len());
-            if full && left > 0 {
-                let more = (0..left.div_ceil(BATCH)).map(|i| self.receive((left - i * BATCH).min(BATCH), visibility, 0));
-                for batch in try_join_all(more).await? {
-                    received.extend(batch);
+            let got = self.receive_into(max - out.len(), visibility, wait, &mut received).await;
+            if let Err(e) = got {
+                // What is in hand goes to the worker: deliveries taken from
+                // behind their groups are their groups' deliveries out now,
+                // and a receive that worked is not thrown away.
+                if out.is_empty() && received.is_empty() {
+                    return Err(e);
                 }
+                tracing::warn!(error = %e, "SQS: a receive failed; handing out what was received");
             }
         }
         let now = now_ms();
@@ -409,7 +428,7 @@ impl Broker for SqsBroker {
 
     async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError> {
         let parsed = receipts.iter().map(|r| parse(r)).collect::<Result<Vec<_>, _>>()?;
-        try_join_all(parsed.chunks(BATCH).map(|chunk| async move {
+        let deleted = try_join_all(parsed.chunks(BATCH).map(|chunk| async move {
             let entries = chunk
                 .iter()
                 .enumerate()
@@ -431,13 +450,16 @@ impl Broker for SqsBroker {
                 .map_err(|e| unavailable("cannot delete acked messages", e))?;
             check_entries(out.failed(), "cannot delete acked messages")
         }))
-        .await?;
+        .await;
+        // Settled whether or not the delete went through: the worker is
+        // done with these messages (one not deleted comes back, and its
+        // claim answers it), and a FIFO group's next message may go out.
         let mut t = self.track();
         for r in &parsed {
             t.forget(r);
             t.settled(r.seq, false);
         }
-        Ok(())
+        deleted.map(|_| ())
     }
 
     async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
@@ -499,35 +521,6 @@ fn secs(d: Duration) -> i32 {
 
 fn parse(receipt: &str) -> Result<Receipt<'_>, BrokerError> {
     Receipt::parse(receipt).ok_or_else(|| BrokerError::Unavailable(format!("SQS: {receipt:?} is not a receipt of this broker")))
-}
-
-/// Whether an error code means the receipt handle is no longer valid: the
-/// delivery was fenced out (its visibility ran out and the message went to
-/// another consumer, or it was deleted).
-fn fenced_out(code: &str) -> bool {
-    ["ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidParameterValue"]
-        .iter()
-        .any(|c| code.contains(c))
-}
-
-/// Fail on a batch entry's failure, except fenced-out deliveries.
-fn check_entries(failed: &[aws_sdk_sqs::types::BatchResultErrorEntry], what: &str) -> Result<(), BrokerError> {
-    for f in failed {
-        if fenced_out(f.code()) {
-            tracing::debug!(code = f.code(), "a delivery was fenced out (its receipt handle expired)");
-            continue;
-        }
-        return Err(BrokerError::Unavailable(format!(
-            "SQS: {what}: {} {}",
-            f.code(),
-            f.message().unwrap_or_default()
-        )));
-    }
-    Ok(())
-}
-
-fn unavailable<E: ProvideErrorMetadata + std::error::Error + 'static>(what: &str, e: SdkError<E>) -> BrokerError {
-    BrokerError::Unavailable(format!("SQS: {what}: {}", DisplayErrorContext(&e)))
 }
 
 #[cfg(test)]

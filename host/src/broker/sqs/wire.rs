@@ -12,11 +12,15 @@
 //! - `Idem-Not-Before`: unix ms, on a publish delayed past what SQS can
 //!   delay (15 minutes), or on any delayed publish to a FIFO queue.
 //!
+//! Errors: a batch entry whose receipt handle SQS no longer accepts is a
+//! fenced-out delivery, not a failure.
+//!
 //! A message from another producer is read too: without `Idem-Id` its id is
 //! SQS's `MessageId`; its other `String` attributes are its headers.
 
 use std::collections::HashMap;
 
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use base64::Engine;
 
@@ -174,6 +178,35 @@ pub(super) fn fifo_id(text: &str) -> String {
 pub(super) fn group_of(e: &Envelope, pointer: Option<&str>) -> String {
     let key = pointer.and_then(|p| crate::envelope::derive_key(e, Some(p)).ok());
     fifo_id(key.as_deref().unwrap_or(&e.id))
+}
+
+/// Whether an error code means the receipt handle is no longer valid: the
+/// delivery was fenced out (its visibility ran out and the message went to
+/// another consumer, or it was deleted).
+pub(super) fn fenced_out(code: &str) -> bool {
+    ["ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidParameterValue"]
+        .iter()
+        .any(|c| code.contains(c))
+}
+
+/// Fail on a batch entry's failure, except fenced-out deliveries.
+pub(super) fn check_entries(failed: &[aws_sdk_sqs::types::BatchResultErrorEntry], what: &str) -> Result<(), BrokerError> {
+    for f in failed {
+        if fenced_out(f.code()) {
+            tracing::debug!(code = f.code(), "a delivery was fenced out (its receipt handle expired)");
+            continue;
+        }
+        return Err(BrokerError::Unavailable(format!(
+            "SQS: {what}: {} {}",
+            f.code(),
+            f.message().unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn unavailable<E: ProvideErrorMetadata + std::error::Error + 'static>(what: &str, e: SdkError<E>) -> BrokerError {
+    BrokerError::Unavailable(format!("SQS: {what}: {}", DisplayErrorContext(&e)))
 }
 
 #[cfg(test)]
