@@ -245,6 +245,25 @@ async fn console_shows_a_pools_duplicates_and_dead_letters_and_replays_them() {
         .await
         .unwrap();
     assert_eq!(rebound.status(), 421, "a request under a name other than loopback's");
+    // Without a token, loopback is trusted as the machine itself, not as a
+    // proxy on it serving whoever reaches the proxy (before, both passed).
+    let proxied = http_client
+        .get(format!("{base}/console/dead"))
+        .header("x-forwarded-for", "203.0.113.7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(proxied.status(), 403, "a request through a proxy");
+    assert!(proxied.text().await.unwrap().contains("[http] token"));
+    let proxied_purge = http_client
+        .post(format!("{base}/console/dead/purge"))
+        .header("via", "1.1 proxy")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={}&id={poison_id}&scope=selected&confirm=yes", csrf_of(&page)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(proxied_purge.status(), 403, "a purge through a proxy");
     for body in [
         format!("id={poison_id}&scope=selected"),
         format!("id={poison_id}&scope=selected&csrf=guess"),

@@ -232,12 +232,30 @@ async fn headers(State(c): State<Arc<Console>>, req: Request, next: Next) -> Res
         )
             .into_response();
     }
+    if c.session.is_none() {
+        // Loopback is trusted only as the machine itself: a proxy on it
+        // would hand the console to whoever reaches the proxy.
+        let proxied = ["forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip", "via"]
+            .into_iter()
+            .find(|name| req.headers().contains_key(*name));
+        if let Some(name) = proxied {
+            return (
+                StatusCode::FORBIDDEN,
+                format!("refused: this request came through a proxy (it carries {name}) and the console has no token, so anyone who reaches the proxy would reach the console; set [http] token (or IDEM_HTTP_TOKEN)"),
+            )
+                .into_response();
+        }
+    }
     if req.method() == Method::POST {
         let origin = req.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok());
         if let Some(origin) = origin.filter(|o| *o != "null") {
             let same_site = origin.split_once("://").is_some_and(|(_, rest)| rest == host);
             if !same_site {
-                return (StatusCode::FORBIDDEN, "refused: a form posted from another site").into_response();
+                return (
+                    StatusCode::FORBIDDEN,
+                    format!("refused: a form posted from {origin:?}, another site than this console's host {host:?} (behind a proxy, pass the browser's Host on, e.g. nginx's proxy_set_header Host $host)"),
+                )
+                    .into_response();
             }
         }
     }
