@@ -40,6 +40,16 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// `text` (a client library's error about `url`) with the URL's user and
+/// password replaced by `***` wherever it quotes them.
+pub fn without_credentials(text: &str, url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    match rest.rsplit_once('@') {
+        Some((userinfo, _)) if !userinfo.is_empty() => text.replace(userinfo, "***"),
+        _ => text.to_string(),
+    }
+}
+
 /// This machine's host name (for worker and consumer names), or `worker`.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -78,6 +88,18 @@ fn floor_char_boundary(text: &str, mut i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_quoted_in_an_error_are_hidden() {
+        let url = "amqp://guest:s3cret@rabbit:5672/%2f";
+        assert_eq!(
+            without_credentials(&format!("Invalid URL: '{url}'"), url),
+            "Invalid URL: 'amqp://***@rabbit:5672/%2f'"
+        );
+        let bare = "guest:s3cret@rabbit:5672";
+        assert_eq!(without_credentials(&format!("bad: {bare}"), bare), "bad: ***@rabbit:5672");
+        assert_eq!(without_credentials("refused", "amqp://rabbit"), "refused");
+    }
 
     #[test]
     fn redaction_hides_passwords_only() {

@@ -327,6 +327,8 @@ fn unreachable_servers_and_wrong_credentials_name_the_setting() {
         ("[claims]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[data]\nkind = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:5432/test\"\n", "claims.url"),
         ("[claims]\nkind = \"postgres\"\nurl = \"postgres://postgres@127.0.0.1:5432/test\"\n", "data.kind"),
         ("[broker]\nkind = \"redis\"\n", "broker.url"),
+        ("[broker]\nkind = \"rabbitmq\"\nurl = \"guest:wrong@127.0.0.1:5672\"\n", "broker.url"),
+        ("[broker]\nkind = \"kafka\"\nurl = \"kafka://u:wrong@127.0.0.1:1\"\n", "broker.url"),
     ];
     for (i, (section, setting)) in cases.iter().enumerate() {
         let cfg = dir.path().join(format!("c{i}.toml"));

@@ -92,7 +92,7 @@ impl Config {
         }
         // SQS without a url is AWS's own endpoint for the region.
         if !matches!(self.broker.kind, BrokerKind::Sqlite | BrokerKind::Sqs) {
-            self.broker.url()?;
+            check_broker_url(self.broker.kind, self.broker.url()?)?;
         }
         if self.broker.kind == BrokerKind::Sqs {
             if self.broker.wait_secs > 20 {
@@ -222,6 +222,9 @@ impl Config {
                 bail!("worker.{key} must be at least 1 ms: at 0 {what}");
             }
         }
+        if w.heartbeat_ms == Some(0) {
+            bail!("worker.heartbeat_ms must be at least 1 ms: at 0 the heartbeat would extend every lease and visibility in a busy loop; leave it unset for lease_ms / 3");
+        }
         let horizon = REDIS_MAX_VISIBILITY_MS;
         if self.broker.kind == BrokerKind::Redis && w.visibility_ms > horizon {
             bail!(
@@ -294,6 +297,37 @@ impl Config {
     }
 }
 
+/// A broker URL of the scheme its kind reads. Client libraries quote a URL
+/// they cannot parse whole in their errors, password included: a wrong
+/// one is refused here, shown redacted.
+fn check_broker_url(kind: BrokerKind, url: &str) -> Result<()> {
+    let (schemes, example): (&[&str], &str) = match kind {
+        BrokerKind::Redis => (&["redis", "rediss", "redis+unix", "unix"], "redis://127.0.0.1:6379"),
+        BrokerKind::Rabbitmq => (&["amqp", "amqps"], "amqp://guest:guest@127.0.0.1:5672/%2f"),
+        BrokerKind::Celery => (&["redis", "rediss", "amqp", "amqps"], "redis://127.0.0.1:6379/0"),
+        BrokerKind::Kafka => {
+            // Servers, with or without `kafka://`: no credentials.
+            if url.contains('@') {
+                bail!(
+                    "broker.url = {} holds credentials, which Kafka does not take from the URL: give the servers alone, e.g. kafka://127.0.0.1:9092",
+                    crate::text::redact_url(url)
+                );
+            }
+            return Ok(());
+        }
+        BrokerKind::Sqlite | BrokerKind::Nats | BrokerKind::Sqs => return Ok(()),
+    };
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    if !scheme.is_some_and(|s| schemes.contains(&s.as_str())) {
+        bail!(
+            "broker.url = {} is not a {kind:?} URL: it must start with {}:// (e.g. {example})",
+            crate::text::redact_url(url),
+            schemes.join("://, ")
+        );
+    }
+    Ok(())
+}
+
 /// Where a file failed to parse and why: `line L, column C: message`.
 /// toml's own report quotes the line, and a configuration's lines hold
 /// URLs with passwords: this error is logged, and shown by the console when
@@ -344,6 +378,7 @@ mod tests {
             ("[worker]\nvisibility_ms = 0", "worker.visibility_ms"),
             ("[worker]\nbusy_retry_ms = 0", "worker.busy_retry_ms"),
             ("[worker]\npoll_idle_ms = 0", "worker.poll_idle_ms"),
+            ("[worker]\nheartbeat_ms = 0", "worker.heartbeat_ms"),
             ("[limits]\ncpu_ms = 0", "limits.cpu_ms"),
             ("[limits]\nmax_payload_bytes = 0", "limits.max_payload_bytes"),
             ("[plugins.a.limits]\ntimeout_ms = 0", "plugins.a.limits.timeout_ms"),
@@ -369,6 +404,40 @@ mod tests {
         with(&format!("{redis}86400000")).validate().expect("24 h");
         let err = with(&format!("{redis}86400001")).validate().unwrap_err().to_string();
         assert!(err.contains("worker.visibility_ms") && err.contains("24 h"), "{err}");
+    }
+
+    #[test]
+    fn a_broker_url_of_another_scheme_is_refused_without_its_password() {
+        let broker = |kind: &str, url: &str| {
+            let task = if kind == "celery" {
+                "celery_task = \"billing.charge\"\n"
+            } else {
+                ""
+            };
+            with(&format!("{task}[broker]\nkind = \"{kind}\"\nurl = \"{url}\""))
+        };
+        for (kind, url) in [
+            ("rabbitmq", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            ("rabbitmq", "AMQPS://rabbit.local"),
+            ("redis", "rediss://:pw@redis.local:6380"),
+            ("celery", "amqp://guest:guest@127.0.0.1:5672//"),
+            ("kafka", "kafka://k1:9092,k2:9092"),
+            ("kafka", "k1:9092"),
+            ("nats", "127.0.0.1:4222"),
+        ] {
+            broker(kind, url).validate().unwrap_or_else(|e| panic!("{kind} {url}: {e}"));
+        }
+        for (kind, url, expected) in [
+            ("rabbitmq", "guest:s3cret@rabbit:5672", "amqp://"),
+            ("rabbitmq", "redis://:s3cret@rabbit:5672", "amqp://"),
+            ("redis", "s3cret@redis.local:6379", "redis://"),
+            ("celery", "http://u:s3cret@redis.local", "amqp://"),
+            ("kafka", "kafka://u:s3cret@k1:9092", "servers alone"),
+        ] {
+            let err = broker(kind, url).validate().unwrap_err().to_string();
+            assert!(err.contains("broker.url") && err.contains(expected), "{kind} {url}: {err}");
+            assert!(!err.contains("s3cret"), "{kind} {url}: the password is not printed: {err}");
+        }
     }
 
     #[test]

@@ -86,7 +86,9 @@ impl Link {
                 tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
                     .await
                     .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
-                    .and_then(|r| r.map_err(anyhow::Error::from))
+                    // lapin quotes a URL it cannot parse whole, password
+                    // included.
+                    .and_then(|r| r.map_err(|e| anyhow!(crate::text::without_credentials(&e.to_string(), url))))
                     .with_context(hint)
             }
         };
