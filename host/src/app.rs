@@ -48,7 +48,7 @@ pub fn runtime_options(config: &Config) -> RuntimeOptions {
     let per_instance = config
         .plugins
         .values()
-        .filter_map(|p| std::fs::read(&p.path).ok())
+        .filter_map(|p| crate::plugin::read_component(&p.path).ok())
         .filter_map(|bytes| Footprint::of(&bytes).ok())
         .fold(Footprint::SMALL, Footprint::max);
     RuntimeOptions {

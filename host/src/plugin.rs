@@ -52,3 +52,51 @@ pub struct PluginInfo {
 pub fn version_of(bytes: &[u8]) -> String {
     hex::encode(&Sha256::digest(bytes)[..6])
 }
+
+/// The largest plugin file read (an interpreter with its snapshot is tens
+/// of megabytes).
+pub const MAX_COMPONENT_BYTES: u64 = 512 << 20;
+
+/// A plugin's component file, read whole. Only a regular file is read: a
+/// pipe or a device in its place would block the reload (and every reload
+/// after it) or never end.
+pub fn read_component(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use anyhow::{bail, Context};
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "{} is not a regular file (a plugin's path names its .wasm component)",
+            path.display()
+        );
+    }
+    if meta.len() > MAX_COMPONENT_BYTES {
+        bail!(
+            "{} is {} bytes, more than the {MAX_COMPONENT_BYTES} a plugin may be",
+            path.display(),
+            meta.len()
+        );
+    }
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_regular_file_is_read_as_a_component() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.wasm");
+        std::fs::write(&file, b"\0asm").unwrap();
+        assert_eq!(read_component(&file).unwrap(), b"\0asm");
+        let fifo = dir.path().join("fifo.wasm");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        for path in [fifo.as_path(), dir.path(), std::path::Path::new("/dev/zero")] {
+            let err = read_component(path).unwrap_err().to_string();
+            assert!(err.contains("is not a regular file"), "{}: {err}", path.display());
+        }
+        let err = format!("{:#}", read_component(&dir.path().join("missing.wasm")).unwrap_err());
+        assert!(err.contains("cannot read") && err.contains("missing.wasm"), "{err}");
+    }
+}

@@ -200,11 +200,12 @@ impl Reloader {
         };
         let mut report = ReloadReport::default();
         for (name, p) in plugins {
-            let bytes = match tokio::fs::read(&p.path).await {
+            let path = p.path.clone();
+            let read = tokio::task::spawn_blocking(move || crate::plugin::read_component(&path)).await;
+            let bytes = match read.map_err(anyhow::Error::from).and_then(|r| r) {
                 Ok(b) => b,
                 Err(e) => {
-                    let why = format!("cannot read {}: {e}", p.path.display());
-                    refuse(&mut report, &name, &self.runtime, why);
+                    refuse(&mut report, &name, &self.runtime, format!("{e:#}"));
                     continue;
                 }
             };

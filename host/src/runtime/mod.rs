@@ -384,12 +384,12 @@ impl Runtime {
         limits: Limits,
         key_pointer: Option<String>,
     ) -> Result<Arc<Plugin>> {
-        let bytes = tokio::fs::read(path).await.with_context(|| {
-            format!(
-                "plugin {name}: cannot read {} (plugins.{name}.path); build the plugins first",
-                path.display()
-            )
-        })?;
+        let file = path.to_path_buf();
+        let bytes = tokio::task::spawn_blocking(move || crate::plugin::read_component(&file))
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r)
+            .map_err(|e| anyhow::anyhow!("plugin {name}: {e:#} (plugins.{name}.path); build the plugins first"))?;
         let plugin = self.compile(name, bytes, grants, limits, key_pointer).await?;
         self.plugins
             .write()
