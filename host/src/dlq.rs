@@ -32,6 +32,10 @@ pub struct Selection {
     pub reason: Option<String>,
     /// Only dead letters that died at or after this time (Unix ms).
     pub dead_since: Option<i64>,
+    /// Ids no longer there are passed over, not an error: the console acts
+    /// on the records its page listed, and some may be gone since
+    /// (replayed, purged or swept).
+    pub skip_missing: bool,
 }
 
 impl Selection {
@@ -53,7 +57,7 @@ impl Selection {
                     None => missing.push(id.to_string()),
                 }
             }
-            if !missing.is_empty() {
+            if !missing.is_empty() && !self.skip_missing {
                 bail!("no dead letter with id {}; `idem dlq list` shows the ids", missing.join(", "));
             }
         }

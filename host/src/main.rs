@@ -190,6 +190,7 @@ impl DlqSelect {
             plugin: self.plugin.clone(),
             reason: self.reason.clone(),
             dead_since: None,
+            skip_missing: false,
         }
     }
 }

@@ -105,33 +105,20 @@ async fn sqs_fifo_groups_keep_their_order_across_retries_and_consumers() {
 /// group stayed taken for good, the copy held and extended forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_fifo_a_stale_give_back_frees_its_group() {
-    use aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages as Visible;
     in_sqs_queue(true, |queue| async move {
         let b = brokers::sqs(&brokers::sqs_options(&queue)).await;
-        let client = sdk_client().await;
-        let url = client.get_queue_url().queue_name(&queue).send().await.unwrap().queue_url.unwrap();
-        let visible = || async {
-            let out = client
-                .get_queue_attributes()
-                .queue_url(&url)
-                .attribute_names(Visible)
-                .send()
-                .await
-                .unwrap();
-            out.attributes().and_then(|a| a.get(&Visible)).cloned().unwrap_or_default()
-        };
         b.publish(&[message(1, 1)], Duration::ZERO).await.unwrap();
         let first = fetch_until(&b, 10, Duration::from_secs(1), "the first delivery").await;
         assert_eq!(first.len(), 1);
         wait_for(Duration::from_secs(30), "the first delivery's visibility to run out", || async {
-            (visible().await == "1").then_some(())
+            (visible(&queue).await == "1").then_some(())
         })
         .await;
         assert!(
             b.fetch(10, Duration::from_secs(60)).await.unwrap().is_empty(),
             "the copy waits behind the first delivery"
         );
-        assert_eq!(visible().await, "0", "the copy was received");
+        assert_eq!(visible(&queue).await, "0", "the copy was received");
 
         b.nack(&first[0].receipt, Duration::ZERO).await.unwrap();
         let again = fetch_until(&b, 10, Duration::from_secs(60), "the message, after its stale give-back").await;
@@ -309,6 +296,21 @@ async fn sdk_client() -> aws_sdk_sqs::Client {
     SqsBroker::sdk_client(&brokers::sqs_options("unused")).await
 }
 
+/// How many messages of `queue` the server counts as visible.
+async fn visible(queue: &str) -> String {
+    use aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages as Visible;
+    let client = sdk_client().await;
+    let url = client.get_queue_url().queue_name(queue).send().await.unwrap().queue_url.unwrap();
+    let out = client
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(Visible)
+        .send()
+        .await
+        .unwrap();
+    out.attributes().and_then(|a| a.get(&Visible)).cloned().unwrap_or_default()
+}
+
 /// A proxy in front of the test server that answers 503 (as SQS does when
 /// it is overloaded) to the requests `fail` picks by their operation
 /// (`X-Amz-Target`, such as `AmazonSQS.ReceiveMessage`) and passes the
@@ -359,7 +361,6 @@ async fn proxy(fail: impl Fn(&str) -> bool + Clone + Send + Sync + 'static) -> S
 /// either left the group taken for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_fifo_groups_go_on_after_a_failed_delete_or_receive() {
-    use aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages as Visible;
     in_sqs_queue(true, |queue| async move {
         let failing = Arc::new(Mutex::new(None::<&'static str>));
         let faults = failing.clone();
@@ -373,20 +374,7 @@ async fn sqs_fifo_groups_go_on_after_a_failed_delete_or_receive() {
         let ids = |got: &[idem_host::envelope::Delivery]| got.iter().map(|d| d.envelope.id.clone()).collect::<Vec<_>>();
         let first = fetch_until(&b, 10, Duration::from_secs(60), "the group's first message").await;
         assert_eq!(ids(&first), ["g1-m1"], "one of the group at a time");
-        let client = sdk_client().await;
-        let url = client.get_queue_url().queue_name(&queue).send().await.unwrap().queue_url.unwrap();
-        let out = client
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(Visible)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(
-            out.attributes().and_then(|a| a.get(&Visible)).map(String::as_str),
-            Some("0"),
-            "the rest wait in hand"
-        );
+        assert_eq!(visible(&queue).await, "0", "the rest wait in hand");
 
         *failing.lock().unwrap() = Some(".DeleteMessageBatch");
         let err = b.ack(&[&first[0].receipt]).await.unwrap_err().to_string();

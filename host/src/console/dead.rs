@@ -50,6 +50,7 @@ impl Filter {
                 .iter()
                 .find(|(k, _, ms)| *k == self.within && *ms > 0)
                 .map(|(_, _, ms)| now - ms),
+            skip_missing: false,
         }
     }
 }
@@ -167,8 +168,15 @@ fn chosen(form: &Form) -> Option<Selection> {
     let ids: Vec<i64> = form.all(field).filter_map(|v| v.parse().ok()).collect();
     (!ids.is_empty()).then(|| Selection {
         ids,
+        skip_missing: true,
         ..Selection::default()
     })
+}
+
+/// What the page says of the listed records that were gone when acted on.
+fn gone(selected: usize, done: usize) -> Markup {
+    let gone = selected.saturating_sub(done);
+    html! { @if gone > 0 { p #gone { (gone) " of those listed were already gone (replayed, purged or swept since the page was shown)." } } }
 }
 
 fn refused(c: &Console, status: StatusCode, why: &str) -> Response {
@@ -210,6 +218,7 @@ pub async fn replay(State(c): State<Arc<Console>>, body: Bytes) -> Response {
     let Some(selection) = chosen(&form) else {
         return refused(&c, StatusCode::BAD_REQUEST, "Nothing selected: tick the dead letters to replay.");
     };
+    let selected = selection.ids.len();
     match crate::dlq::replay(&c.backends, &selection).await {
         Ok(replayed) => {
             tracing::info!(count = replayed.len(), "console: dead letters replayed");
@@ -218,6 +227,7 @@ pub async fn replay(State(c): State<Arc<Console>>, body: Bytes) -> Response {
                 "Replayed",
                 html! {
                     p #replayed { (replayed.len()) " dead letter(s) republished." }
+                    (gone(selected, replayed.len()))
                     ul { @for r in &replayed {
                         li { "#" (r.id) " " (r.plugin) " / " (r.key) ": message " code { (r.msg_id) } @if !r.claim_revived { " (no dead claim to reset)" } }
                     } }
@@ -253,10 +263,15 @@ pub async fn purge(State(c): State<Arc<Console>>, body: Bytes) -> Response {
     let Some(selection) = chosen(&form) else {
         return refused(&c, StatusCode::BAD_REQUEST, "Nothing selected: tick the dead letters to purge.");
     };
+    let selected = selection.ids.len();
     match crate::dlq::purge(&c.backends, &selection).await {
         Ok(n) => {
             tracing::info!(count = n, "console: dead letters purged");
-            done_page(&c, "Purged", html! { p #purged { (n) " dead letter(s) deleted." } })
+            done_page(
+                &c,
+                "Purged",
+                html! { p #purged { (n) " dead letter(s) deleted." } (gone(selected, n as usize)) },
+            )
         }
         Err(e) => refused(&c, StatusCode::BAD_GATEWAY, &format!("Purge failed: {e:#}")),
     }

@@ -141,11 +141,16 @@ mod tests {
     /// The binary of `(component)`: an empty component.
     const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";
 
-    #[test]
-    fn a_component_is_compiled_once_and_then_read_back() {
+    /// An engine for components, with nothing else set.
+    fn engine() -> Engine {
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true);
-        let engine = Engine::new(&config).unwrap();
+        Engine::new(&config).unwrap()
+    }
+
+    #[test]
+    fn a_component_is_compiled_once_and_then_read_back() {
+        let engine = engine();
         let dir = tempfile::tempdir().unwrap();
         let cache = CompileCache::new(dir.path().join("compiled"));
         assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Compiled);
@@ -167,9 +172,7 @@ mod tests {
     #[test]
     fn entries_others_may_write_are_not_read() {
         use std::os::unix::fs::PermissionsExt;
-        let mut config = wasmtime::Config::new();
-        config.wasm_component_model(true);
-        let engine = Engine::new(&config).unwrap();
+        let engine = engine();
         let dir = tempfile::tempdir().unwrap();
         let compiled = dir.path().join("compiled");
         let cache = CompileCache::new(&compiled);
@@ -178,21 +181,21 @@ mod tests {
         let entry = cache.entry(&engine, EMPTY_COMPONENT);
         let chmod = |path: &Path, mode: u32| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 
-        chmod(&compiled, 0o777);
-        assert_eq!(
-            cache.component(&engine, EMPTY_COMPONENT).unwrap().1,
-            Source::Compiled,
-            "a directory anyone may write"
-        );
-        chmod(&compiled, 0o700);
-        chmod(&entry, 0o666);
-        assert_eq!(
-            cache.component(&engine, EMPTY_COMPONENT).unwrap().1,
-            Source::Compiled,
-            "an entry anyone may write"
-        );
-        chmod(&entry, 0o600);
-        assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Cached);
+        // Each compiled again, not read; the entry written again is the
+        // worker's own, and read next time.
+        for (path, mode, what) in [
+            (&compiled, 0o777, "a directory anyone may write"),
+            (&entry, 0o666, "an entry anyone may write"),
+        ] {
+            chmod(path, mode);
+            assert_eq!(cache.component(&engine, EMPTY_COMPONENT).unwrap().1, Source::Compiled, "{what}");
+            chmod(&compiled, 0o700);
+            assert_eq!(
+                cache.component(&engine, EMPTY_COMPONENT).unwrap().1,
+                Source::Cached,
+                "{what}, mended"
+            );
+        }
 
         let elsewhere = dir.path().join("elsewhere.cwasm");
         std::fs::rename(&entry, &elsewhere).unwrap();
