@@ -20,16 +20,26 @@ end
 
 local entry = redis.call('XRANGE', stream, id, id)
 if entry[1] and type(entry[1][2]) == 'table' then
-  -- The copy carries how often the message was delivered so far, so the
-  -- delivery count keeps growing across re-queues.
-  local fields, delivered = {}, 0
+  -- The copy carries the fields a worker reads, and how often the message
+  -- was delivered so far, so the delivery count keeps growing across
+  -- re-queues. Other fields (another producer's) are left behind: copied,
+  -- thousands of them would pass Lua's unpack limit below.
+  -- A field named twice counts once, its last value (as a worker reads it).
+  local known, delivered = {}, 0
   local src = entry[1][2]
   for i = 1, #src, 2 do
-    if src[i] == 'delivered' then
+    local name = src[i]
+    if name == 'delivered' then
       delivered = tonumber(src[i + 1]) or 0
-    else
-      fields[#fields + 1] = src[i]
-      fields[#fields + 1] = src[i + 1]
+    elseif name == 'id' or name == 'handler' or name == 'headers' or name == 'payload' then
+      known[name] = src[i + 1]
+    end
+  end
+  local fields = {}
+  for _, name in ipairs({'id', 'handler', 'headers', 'payload'}) do
+    if known[name] then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = known[name]
     end
   end
   fields[#fields + 1] = 'delivered'

@@ -22,11 +22,16 @@ local function decode(member)
   return items
 end
 
+-- Idem writes a token and at most five fields (id, handler, headers,
+-- payload, delivered); more items than that are not its own (and thousands
+-- would pass Lua's unpack limit).
+local MAX_ITEMS = 11
+
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, member in ipairs(due) do
   local items = decode(member)
   local fields = {}
-  if items and #items >= 3 and #items % 2 == 1 then
+  if items and #items >= 3 and #items <= MAX_ITEMS and #items % 2 == 1 then
     for i = 2, #items do fields[#fields + 1] = items[i] end
   else
     -- Not written by Idem: deliver the bytes as a payload without a handler,

@@ -170,6 +170,79 @@ async fn amqp_holds_a_message_out_of_its_delay_bucket_early_until_due() {
     .await;
 }
 
+/// Text another client wrote that is not UTF-8 (a message id, a header
+/// name; RabbitMQ passes short strings on as bytes) no longer closes the
+/// consumer's connection: the message arrives with its text read lossily,
+/// and the message behind it too. Before, the frame failed to parse, the
+/// connection closed, and RabbitMQ sent the message first to every new
+/// connection: nothing behind it ran. Published with py-amqp (the Celery
+/// test environment's), which writes bytes as given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_text_that_is_not_utf8_does_not_stop_the_consumer() {
+    in_amqp_namespace(|ns| async move {
+        let broker = brokers::amqp(&ns).await;
+        let queue = format!("{ns}.queue");
+        let python = crate::celery::venv().join("bin/python");
+        let url = url::Url::parse(&services::amqp()).unwrap();
+        let host = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5672));
+        let (user, password) = (url.username().to_string(), url.password().unwrap_or_default().to_string());
+        let script = "import amqp, sys\n\
+            c = amqp.Connection(host=sys.argv[2], userid=sys.argv[3], password=sys.argv[4]); c.connect()\n\
+            ch = c.channel()\n\
+            ch.basic_publish(amqp.Message(b'{}', message_id=b'\\xff\\xfe-raw', \
+            application_headers={'idem-handler': 'h', b'x-\\xe9': 'v'}), exchange='', routing_key=sys.argv[1])\n\
+            c.close()\n";
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(python)
+                .args(["-c", script, &queue, &host, &user, &password])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        broker.publish(&[envelope("behind")], Duration::ZERO).await.unwrap();
+        let got = fetch_n(&broker, 2, Duration::from_secs(60), "both messages").await;
+        assert_eq!(ids(&got), vec!["\u{fffd}\u{fffd}-raw", "behind"]);
+        assert_eq!(got[0].envelope.handler, "h");
+        assert!(
+            got[0].envelope.headers.contains(&("x-\u{fffd}".to_string(), "v".to_string())),
+            "{:?}",
+            got[0].envelope.headers
+        );
+        broker.ack(&receipts(&got)).await.unwrap();
+        assert_eq!(broker.pending().await.unwrap(), 0, "acked on the same connection");
+    })
+    .await;
+}
+
+/// A delay queue that will not take a delivery's copy (here: deleted, so
+/// the mandatory copy comes back unroutable) does not strand the delivery:
+/// it is held here for its delay, then requeued, and comes back on the same
+/// connection. Before, it stayed unacked until the connection closed,
+/// RabbitMQ having no visibility timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_a_delay_queue_refusing_a_copy_does_not_strand_the_delivery() {
+    in_amqp_namespace(|ns| async move {
+        let broker = brokers::amqp(&ns).await;
+        broker.publish(&[envelope("stuck")], Duration::ZERO).await.unwrap();
+        let got = fetch_n(&broker, 1, Duration::from_secs(60), "the message").await;
+        let conn = brokers::amqp_raw().await;
+        let ch = conn.create_channel().await.unwrap();
+        ch.queue_delete(format!("{ns}.retry.1000").as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        broker.nack(&got[0].receipt, Duration::from_millis(600)).await.unwrap();
+        let back = fetch_until(&broker, 10, Duration::from_secs(60), "the message, requeued").await;
+        assert_eq!(ids(&back), vec!["stuck"]);
+        assert_eq!(back[0].delivery_count, 2);
+        broker.ack(&receipts(&back)).await.unwrap();
+        assert_eq!(broker.pending().await.unwrap(), 0);
+        conn.close(200, "OK".into()).await.unwrap();
+    })
+    .await;
+}
+
 /// When the server cancels the consumer (here: an operator deletes the
 /// queue), fetch reports it, the next call reconnects and declares the
 /// queue again, and receipts from before have no effect on the new

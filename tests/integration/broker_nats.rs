@@ -51,6 +51,137 @@ async fn nats_foreign_messages_and_bad_headers() {
     .await;
 }
 
+/// Headers another client wrote that the NATS client library could not
+/// read (a value that is not UTF-8, a name with a space, a line without a
+/// colon; nats-server passes them on as they came) no longer reset the
+/// worker's connection: the message arrives with the headers that could be
+/// read, and the message beside it too. Before, each pull that met it
+/// failed the connection, and it came back after every ack wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_headers_another_client_wrote_badly_do_not_reset_the_connection() {
+    use std::io::Write;
+    in_nats_namespace(|ns| async move {
+        let broker = brokers::nats(&ns, Duration::from_secs(5)).await;
+        let url = services::nats();
+        let address = url.trim_start_matches("nats://").to_string();
+        let header: &[u8] = b"NATS/1.0\r\nIdem-Id: raw-1\r\nIdem-Handler: h\r\nbad name: x\r\nno colon here\r\nX-Latin: caf\xe9\r\n\r\n";
+        let body: &[u8] = b"{}";
+        let mut wire = format!(
+            "CONNECT {{\"verbose\":false,\"headers\":true,\"protocol\":1}}\r\nHPUB {ns}.queue {} {}\r\n",
+            header.len(),
+            header.len() + body.len()
+        )
+        .into_bytes();
+        wire.extend_from_slice(header);
+        wire.extend_from_slice(body);
+        wire.extend_from_slice(b"\r\nPING\r\n");
+        tokio::task::spawn_blocking(move || {
+            let mut raw = std::net::TcpStream::connect(address).unwrap();
+            raw.write_all(&wire).unwrap();
+            // PONG: the server has the publish.
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&seen).contains("PONG") {
+                let n = std::io::Read::read(&mut raw, &mut buf).unwrap();
+                assert!(n > 0, "the server closed: {}", String::from_utf8_lossy(&seen));
+                seen.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .unwrap();
+        broker.publish(&[envelope("good")], Duration::ZERO).await.unwrap();
+
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while got.len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "only {got:?}");
+            got.extend(broker.fetch(10, Duration::from_secs(5)).await.unwrap());
+        }
+        let raw = got.iter().find(|d| d.envelope.id == "raw-1").expect("the message with bad headers");
+        assert_eq!(raw.envelope.handler, "h");
+        assert_eq!(raw.envelope.headers, vec![("X-Latin".to_string(), "caf\u{fffd}".to_string())]);
+        assert!(got.iter().any(|d| d.envelope.id == "good"));
+        broker
+            .ack(&got.iter().map(|d| d.receipt.as_str()).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        assert_eq!(broker.pending().await.unwrap(), 0, "acked on the same connection");
+    })
+    .await;
+}
+
+/// A stamp another producer wrote too far ahead (the end of time, one in
+/// microseconds) or not as a time is refused at fetch, for the worker to
+/// dead-letter with the reason, and the message beside it runs; a stamp
+/// within the bound is still held. Before, the far stamps were nacked for
+/// their whole delay (past Go's Duration, an immediate redelivery every
+/// fetch) and held an ack-pending slot for good. `publish` refuses a
+/// delay past the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_stamps_too_far_ahead_are_refused() {
+    in_nats_namespace(|ns| async move {
+        let broker = brokers::nats(&ns, Duration::from_secs(5)).await;
+        let client = async_nats::connect(services::nats()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let now = idem_host::now_ms();
+        let stamps = [
+            ("end", i64::MAX.to_string()),
+            ("micros", (now * 1_000).to_string()),
+            ("soon", "soon".to_string()),
+            ("held", (now + 60 * 60 * 1000).to_string()),
+        ];
+        for (id, stamp) in &stamps {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Idem-Id", id.to_string().as_str());
+            headers.insert("Idem-Handler", "h");
+            headers.insert("Idem-Not-Before", stamp.as_str());
+            js.publish_with_headers(format!("{ns}.queue"), headers, "{}".into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        broker.publish(&[envelope("now")], Duration::ZERO).await.unwrap();
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while got.len() < 4 {
+            assert!(std::time::Instant::now() < deadline, "only {} deliveries: {got:?}", got.len());
+            got.extend(broker.fetch(10, Duration::from_secs(5)).await.unwrap());
+        }
+        let mut refused: Vec<(&str, &str)> = got
+            .iter()
+            .filter_map(|d| Some((d.envelope.id.as_str(), d.refused.as_deref()?)))
+            .collect();
+        refused.sort();
+        assert_eq!(
+            refused.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            ["end", "micros", "soon"],
+            "{got:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .all(|(_, why)| why.contains("Idem-Not-Before") && why.contains("unix milliseconds")),
+            "{refused:?}"
+        );
+        let runs: Vec<&str> = got.iter().filter(|d| d.refused.is_none()).map(|d| d.envelope.id.as_str()).collect();
+        assert_eq!(runs, ["now"], "the message stamped an hour ahead is held");
+        broker
+            .ack(&got.iter().map(|d| d.receipt.as_str()).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        assert_eq!(broker.pending().await.unwrap(), 1, "the held one waits");
+
+        let err = broker
+            .publish(&[envelope("late")], Duration::from_secs(8 * 24 * 3600))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a JetStream message may be held"), "{err}");
+    })
+    .await;
+}
+
 /// The consumer's ack_wait is the configured visibility timeout: a worker
 /// started with another `worker.visibility_ms` updates it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

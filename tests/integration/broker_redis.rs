@@ -115,6 +115,62 @@ async fn foreign_and_malformed_entries_are_still_delivered() {
     assert_eq!(b.pending().await.unwrap(), 0);
 }
 
+/// An entry with thousands of fields (another producer's, or a hostile
+/// one) given back with a delay comes back with the fields Idem reads; a
+/// delayed-set member of thousands of items is delivered as bad input.
+/// Neither stops the fetches: before, the copy's XADD passed every field to
+/// Lua's `unpack`, past its 8,000-value limit, so the member stayed due and
+/// failed every fetch of the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_entries_given_back_or_delayed_do_not_stop_fetches() {
+    let ns = unique_namespace("redis");
+    let _keys = RedisKeys(ns.clone());
+    let b = brokers::redis(&ns).await;
+    let mut conn = redis_conn().await;
+    let mut wide = redis::cmd("XADD");
+    wide.arg(format!("{ns}:queue")).arg("*");
+    wide.arg("id").arg("wide").arg("handler").arg("h").arg("payload").arg("{}");
+    for i in 0..5_000 {
+        wide.arg(format!("f{i}")).arg("v");
+    }
+    wide.exec_async(&mut conn).await.unwrap();
+    let first = fetch_until(&b, 10, Duration::from_secs(60), "the wide entry").await;
+    assert_eq!(ids(&first), vec!["wide"]);
+    b.nack(&first[0].receipt, Duration::from_millis(10)).await.unwrap();
+
+    // A member of 9,001 items, written into the delayed set by hand.
+    let mut member = String::from("1:t");
+    for _ in 0..4_500 {
+        member.push_str("1:f1:v");
+    }
+    redis::cmd("ZADD")
+        .arg(format!("{ns}:delayed"))
+        .arg(0)
+        .arg(&member)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    b.publish(&[envelope("after")], Duration::ZERO).await.unwrap();
+
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.extend(fetch_until(&b, 10, Duration::from_secs(60), "three deliveries").await);
+    }
+    let again = got.iter().find(|d| d.envelope.id == "wide").expect("the wide entry, again");
+    assert_eq!(
+        (again.envelope.handler.as_str(), again.envelope.payload.as_slice()),
+        ("h", &b"{}"[..])
+    );
+    assert!(got.iter().any(|d| d.envelope.id == "after"));
+    assert!(
+        got.iter()
+            .any(|d| d.envelope.handler.is_empty() && d.envelope.payload == member.as_bytes()),
+        "the wide member, as bad input with its bytes"
+    );
+    b.ack(&receipts(&got)).await.unwrap();
+    assert_eq!(b.pending().await.unwrap(), 0);
+}
+
 /// An ack is XACK alone: the settled entries stay in the stream until a
 /// fetch's scan trims them, and `pending` counts the group's pending list
 /// and lag, not the stream's length.

@@ -23,8 +23,8 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The virtualenv with Celery (made on first use).
-fn venv() -> PathBuf {
+/// The virtualenv with Celery (made on first use; it also has py-amqp).
+pub(crate) fn venv() -> PathBuf {
     let out = Command::new("bash")
         .arg(root().join("bench/celery/venv"))
         .stderr(Stdio::inherit())
@@ -351,6 +351,19 @@ async fn malformed_messages_are_dead_lettered(transport: Transport) {
         1,
         "only the good task wrote"
     );
+    // A replay of one is refused, and the record stays: published again, its
+    // whole text would have been the task's argument (before, it ran so).
+    let chain = letters
+        .iter()
+        .find(|l| l.reason.contains("canvas (chain)"))
+        .expect("the chain's dead letter");
+    let selection = idem_host::dlq::Selection {
+        ids: vec![chain.id],
+        ..Default::default()
+    };
+    let err = format!("{:#}", idem_host::dlq::replay(&pool.backends, &selection).await.unwrap_err());
+    assert!(err.contains("Idem refused when it read it"), "{err}");
+    assert!(pool.backends.admin.dead_letter_get(chain.id).await.unwrap().is_some());
     pool.stop().await.unwrap();
 }
 

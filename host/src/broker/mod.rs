@@ -55,6 +55,45 @@ pub(crate) fn due_at(now: i64, delay: Duration) -> i64 {
         .saturating_add(1)
 }
 
+/// A delayed publish's `Idem-Not-Before` stamp (`None` without a delay), or
+/// the reason a delay that long is refused: longer than `max_delay_ms`, the
+/// longest `what` holds a message for.
+pub(crate) fn stamp(now: i64, delay: Duration, max_delay_ms: i64, what: &str) -> Result<Option<i64>, BrokerError> {
+    if delay.is_zero() {
+        return Ok(None);
+    }
+    if delay.as_millis() > max_delay_ms as u128 {
+        return Err(BrokerError::Unavailable(format!(
+            "a delay of {} ms is longer than the {max_delay_ms} ms {what}; publish it later instead",
+            delay.as_millis()
+        )));
+    }
+    Ok(Some(due_at(now, delay)))
+}
+
+/// How far apart the clocks of a publisher and a reader may be before a
+/// stamp with a broker's longest delay is taken for a wrong one.
+pub(crate) const CLOCK_SLACK_MS: i64 = 60 * 1000;
+
+/// A read `Idem-Not-Before` value (`header`), checked against the reader's
+/// clock and the longest delay the broker holds a message for
+/// (`max_delay_ms`, `why` saying what holding costs there): the time the
+/// message is due, or why it is refused, naming the header and the fix. A
+/// stamp too far ahead (another producer's, one in microseconds, the end of
+/// time) would otherwise be held for good.
+pub(crate) fn read_not_before(header: &str, value: &str, now: i64, max_delay_ms: i64, why: &str) -> Result<i64, String> {
+    let at = value
+        .trim()
+        .parse::<i64>()
+        .map_err(|_| format!("header {header} is not unix milliseconds: {value:?}"))?;
+    if at.saturating_sub(now) > max_delay_ms.saturating_add(CLOCK_SLACK_MS) {
+        return Err(format!(
+            "header {header} is {at}, more than {max_delay_ms} ms after this worker's clock ({now}): {why} (check that the producer writes unix milliseconds and that its clock is right)"
+        ));
+    }
+    Ok(at)
+}
+
 /// Broker failures.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {

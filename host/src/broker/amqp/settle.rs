@@ -12,6 +12,11 @@ use super::wire::{copy_properties, parse_receipt, unavailable, with_not_before};
 use super::AmqpBroker;
 use crate::broker::BrokerError;
 
+/// Longest a delivery whose delay copy failed is held here before it is
+/// requeued (RabbitMQ closes a channel holding a delivery unacked past its
+/// `consumer_timeout`, 30 minutes by default).
+const FALLBACK_HOLD: Duration = Duration::from_secs(30);
+
 impl AmqpBroker {
     /// What [`Broker::ack`](crate::broker::Broker::ack) does.
     pub(super) async fn settle(&self, receipts: &[&str]) -> Result<(), BrokerError> {
@@ -87,7 +92,9 @@ impl AmqpBroker {
     /// properties `copy` makes of the original's and its delivery count.
     /// The original is acked only once the copy is confirmed, so the
     /// message exists somewhere at every moment (a crash in between leaves
-    /// two copies, which the claim store answers as a duplicate). Returns
+    /// two copies, which the claim store answers as a duplicate); a copy
+    /// the delay queue does not take leaves the delivery held here for the
+    /// delay (at most [`FALLBACK_HOLD`]), then requeued. Returns
     /// the original's properties, or `None` for a receipt no longer held
     /// (settled already, or from a closed connection).
     pub(crate) async fn copy_back(
@@ -113,12 +120,34 @@ impl AmqpBroker {
         }
         .await;
         if let Err(e) = sent {
-            // Still held, unacked: the caller may nack again, and if this
-            // connection goes the server redelivers it.
-            if let Some(h) = link.held().get_mut(&tag) {
-                h.settling = false;
-            }
-            return Err(e);
+            // The delay queue would not take the copy (an alarm, a policy,
+            // a queue deleted). RabbitMQ has no visibility timeout, so a
+            // delivery left unacked here would wait for its connection to
+            // close: it is held here for its delay instead (at most
+            // FALLBACK_HOLD), then requeued, and comes back to be tried
+            // again.
+            let hold = delay.min(FALLBACK_HOLD);
+            tracing::warn!(
+                error = %e,
+                route,
+                ?hold,
+                "cannot copy a delivery to its delay queue; holding it here, then requeuing it"
+            );
+            let held = link.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(hold).await;
+                let options = BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                };
+                let still_held = held.held().remove(&tag).is_some();
+                if still_held {
+                    if let Err(e) = held.consumer_channel.basic_nack(tag, options).await {
+                        tracing::debug!(error = %e, "requeue after a failed delay copy: the channel is gone, and the server requeued it");
+                    }
+                }
+            });
+            return Ok(Some(properties));
         }
         let result = link.consumer_channel.basic_ack(tag, BasicAckOptions::default()).await;
         link.held().remove(&tag);

@@ -262,4 +262,39 @@ mod tests {
         let again = with_not_before(copy_properties(plain, 2), std::time::Duration::from_millis(50));
         assert!(not_before(&again).expect("stamped") < at);
     }
+
+    /// A header table nested 20,000 deep (it fits in one frame) is read on a
+    /// 2 MiB stack, as lapin's I/O thread has, its depth cut at 32 levels.
+    /// Before, the parse recursed once a level and overflowed the stack,
+    /// aborting the process (see vendor/README.md).
+    #[test]
+    fn a_header_table_nested_without_end_is_read_cut_short() {
+        use lapin::types::parsing::parse_field_table;
+        // From the outside in: each table is its length, then one entry,
+        // `k` holding the next table; the innermost is empty.
+        let levels = 20_000u32;
+        let mut table = Vec::new();
+        for level in 0..levels {
+            table.extend((7 * (levels - level)).to_be_bytes());
+            table.extend([1, b'k', b'F']);
+        }
+        table.extend([0, 0, 0, 0]);
+        let depth = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let (rest, parsed) = parse_field_table(&table[..]).expect("parsed");
+                assert!(rest.is_empty());
+                let mut depth = 0;
+                let mut t = &parsed;
+                while let Some(AMQPValue::FieldTable(inner)) = t.inner().get("k") {
+                    depth += 1;
+                    t = inner;
+                }
+                depth
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(depth, 32, "32 levels read, the rest read as empty");
+    }
 }

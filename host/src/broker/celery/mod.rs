@@ -140,7 +140,7 @@ impl CeleryBroker {
             envelope: Envelope {
                 id,
                 handler,
-                headers: Vec::new(),
+                headers: vec![(REFUSED_HEADER.to_string(), "the payload is the message as it came".to_string())],
                 payload: raw,
             },
             receipt,
@@ -205,6 +205,11 @@ fn inner_receipts<'a>(receipts: &[&'a str]) -> Result<Vec<&'a str>, BrokerError>
     receipts.iter().map(|r| parse_receipt(r).map(|(inner, _)| inner)).collect()
 }
 
+/// The header of a Celery message refused when read (its dead letter's):
+/// its payload is the message as it came, not a task's arguments, so it is
+/// not published again as a task (a replay of it is refused).
+pub const REFUSED_HEADER: &str = "idem-celery-refused";
+
 #[async_trait]
 impl Broker for CeleryBroker {
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
@@ -213,6 +218,12 @@ impl Broker for CeleryBroker {
         }
         let mut messages = Vec::with_capacity(envelopes.len());
         for e in envelopes {
+            if e.headers.iter().any(|(name, _)| name == REFUSED_HEADER) {
+                return Err(BrokerError::Unavailable(format!(
+                    "message {:?} is a Celery message Idem refused when it read it, kept as it came: sent again, its whole text would be a task's argument; fix what its dead letter's reason names and send the task again from its producer",
+                    e.id
+                )));
+            }
             let task = self.names.get(&e.handler).ok_or_else(|| {
                 BrokerError::Unavailable(format!(
                     "plugin {:?} has no celery_task: set one under [plugins.{}] to publish to it through Celery",

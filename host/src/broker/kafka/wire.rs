@@ -33,37 +33,26 @@ pub(super) const NOT_BEFORE: &str = "Idem-Not-Before";
 /// partition until due, and nothing after it is committed meanwhile.
 pub(super) const MAX_DELAY_MS: i64 = 60 * 60 * 1000;
 
-/// How far apart the clocks of a publisher and a reader may be before a
-/// record stamped with the longest delay is taken for a wrong stamp.
-const CLOCK_SLACK_MS: i64 = 60 * 1000;
-
 /// A delayed publish's stamp, or the reason a delay that long is refused.
 pub(super) fn stamp(now: i64, delay: std::time::Duration) -> Result<Option<i64>, BrokerError> {
-    if delay.is_zero() {
-        return Ok(None);
-    }
-    if delay.as_millis() > MAX_DELAY_MS as u128 {
-        return Err(BrokerError::Unavailable(format!(
-            "Kafka: a delay of {} ms is longer than the {MAX_DELAY_MS} ms a Kafka record may be held (its key or partition waits behind it); publish it later instead",
-            delay.as_millis()
-        )));
-    }
-    Ok(Some(crate::broker::due_at(now, delay)))
+    crate::broker::stamp(
+        now,
+        delay,
+        MAX_DELAY_MS,
+        "a Kafka record may be held (its key or partition waits behind it)",
+    )
 }
 
 /// A read `Idem-Not-Before` value, checked against the reader's clock:
 /// the time the record is due, or why it is refused.
 fn due(value: &str, now: i64) -> Result<i64, String> {
-    let at = value
-        .trim()
-        .parse::<i64>()
-        .map_err(|_| format!("header {NOT_BEFORE} is not unix milliseconds: {value:?}"))?;
-    if at.saturating_sub(now) > MAX_DELAY_MS + CLOCK_SLACK_MS {
-        return Err(format!(
-            "header {NOT_BEFORE} is {at}, more than {MAX_DELAY_MS} ms after this worker's clock ({now}): a Kafka record is held in its partition until due, so Idem takes delays of at most an hour (check that the producer writes unix milliseconds and that its clock is right)"
-        ));
-    }
-    Ok(at)
+    crate::broker::read_not_before(
+        NOT_BEFORE,
+        value,
+        now,
+        MAX_DELAY_MS,
+        "a Kafka record is held in its partition until due, so Idem takes delays of at most an hour",
+    )
 }
 
 fn reserved(name: &str) -> bool {
@@ -222,11 +211,16 @@ mod tests {
         // The longest delay is taken, even by a reader whose clock is a
         // little behind the publisher's.
         assert_eq!(due(&at.to_string(), now), Ok(at));
-        assert_eq!(due(&at.to_string(), now - CLOCK_SLACK_MS + 1), Ok(at));
+        assert_eq!(due(&at.to_string(), now - crate::broker::CLOCK_SLACK_MS + 1), Ok(at));
         // A stamp far ahead (the end of time, microseconds, a clock a day
         // off) is refused with the header's name and the fix, without
         // overflowing.
-        for far in [i64::MAX, now * 1_000, now + 24 * 60 * 60 * 1000, at + CLOCK_SLACK_MS + 1] {
+        for far in [
+            i64::MAX,
+            now * 1_000,
+            now + 24 * 60 * 60 * 1000,
+            at + crate::broker::CLOCK_SLACK_MS + 1,
+        ] {
             let why = due(&far.to_string(), now).unwrap_err();
             assert!(why.contains(NOT_BEFORE) && why.contains("unix milliseconds"), "{why}");
         }

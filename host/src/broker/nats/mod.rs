@@ -26,6 +26,11 @@
 //! - Delayed publishing: the servers Idem supports (2.9 to 2.11) have no
 //!   per-message delay, so a delayed message carries `Idem-Not-Before`
 //!   (unix ms) and a fetch that meets it early naks it for the time left.
+//!   A delay is at most [`wire::MAX_DELAY_MS`] (7 days): `publish` refuses
+//!   a longer one, and a message stamped further ahead of the reading
+//!   worker's clock (another producer's, or one writing microseconds) is
+//!   dead-lettered with the reason instead of holding an ack-pending slot
+//!   for good.
 //!   Each early meeting counts as a delivery in JetStream's delivery count
 //!   ([`Semantics::early_fetches_count`]), and the due time is read against
 //!   this host's clock.
@@ -55,7 +60,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use self::ack::AckRef;
-use self::wire::{envelope, header, wire_headers, NOT_BEFORE_HEADER};
+use self::wire::{envelope, wire_headers};
 use super::{Broker, BrokerError, Semantics, Visibility};
 use crate::envelope::{Delivery, Envelope};
 use crate::now_ms;
@@ -97,7 +102,7 @@ impl Broker for NatsBroker {
     /// is accepted only once the stream has stored it. A `delay` is carried
     /// as `Idem-Not-Before` and honoured at fetch time.
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
-        let not_before = (!delay.is_zero()).then(|| crate::broker::due_at(now_ms(), delay));
+        let not_before = wire::stamp(now_ms(), delay)?;
         for chunk in envelopes.chunks(PUBLISH_CHUNK) {
             let mut acks = Vec::with_capacity(chunk.len());
             for e in chunk {
@@ -162,16 +167,20 @@ impl Broker for NatsBroker {
                 tracing::warn!(%receipt, "a delivery without a JetStream ack subject; ignoring it");
                 continue;
             };
-            if let Some(due) = header(&msg.headers, NOT_BEFORE_HEADER).and_then(|v| v.trim().parse::<i64>().ok()) {
-                if due > now {
-                    // Not yet due: hand it back for the time left. Unanswered,
-                    // because a lost nak only means an early redelivery.
-                    let left = Duration::from_millis((due - now) as u64);
-                    if let Err(e) = self.client.publish(receipt.clone(), AckKind::Nak(Some(left)).into()).await {
-                        tracing::debug!(error = %e, "cannot defer a delayed message; it comes back after ack_wait");
-                    }
-                    continue;
+            // A stamp refused (not a time, or too far ahead) is dead-lettered
+            // at once with the reason, not held until it.
+            let (due, refused) = match wire::due(&msg, now) {
+                Ok(due) => (due, None),
+                Err(why) => (None, Some(why)),
+            };
+            if let Some(due) = due.filter(|due| *due > now) {
+                // Not yet due: hand it back for the time left. Unanswered,
+                // because a lost nak only means an early redelivery.
+                let left = Duration::from_millis(due.saturating_sub(now) as u64);
+                if let Err(e) = self.client.publish(receipt.clone(), AckKind::Nak(Some(left)).into()).await {
+                    tracing::debug!(error = %e, "cannot defer a delayed message; it comes back after ack_wait");
                 }
+                continue;
             }
             {
                 let mut newest = self.newest.lock().expect("newest-delivery map poisoned");
@@ -186,7 +195,7 @@ impl Broker for NatsBroker {
                 envelope: envelope(&msg),
                 receipt,
                 delivery_count,
-                refused: None,
+                refused,
             };
             // A message redelivered while this pull was open (its ack_wait
             // ran out) comes twice: keep only the newer delivery, whose

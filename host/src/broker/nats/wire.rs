@@ -12,6 +12,31 @@ const ID_HEADER: &str = "Idem-Id";
 const HANDLER_HEADER: &str = "Idem-Handler";
 /// Header carrying the earliest delivery time (unix ms) of a delayed publish.
 pub(super) const NOT_BEFORE_HEADER: &str = "Idem-Not-Before";
+/// The longest delay a NATS message is held for: a delayed message waits in
+/// the consumer's ack-pending set until due, so a stamp further ahead (one
+/// in microseconds, the end of time) would hold a slot there for good.
+pub(super) const MAX_DELAY_MS: i64 = 7 * 24 * 60 * 60 * 1000;
+
+const HELD: &str = "a JetStream message is held in the consumer's ack-pending set until due, so Idem takes delays of at most 7 days";
+
+/// A delayed publish's stamp, or the reason a delay that long is refused.
+pub(super) fn stamp(now: i64, delay: std::time::Duration) -> Result<Option<i64>, BrokerError> {
+    crate::broker::stamp(
+        now,
+        delay,
+        MAX_DELAY_MS,
+        "a JetStream message may be held (in the consumer's ack-pending set)",
+    )
+}
+
+/// A delivered message's `Idem-Not-Before`, checked against this worker's
+/// clock: when it is due (`None` without the header), or why it is refused.
+pub(super) fn due(msg: &async_nats::Message, now: i64) -> Result<Option<i64>, String> {
+    header(&msg.headers, NOT_BEFORE_HEADER)
+        .map(|v| crate::broker::read_not_before(NOT_BEFORE_HEADER, &v, now, MAX_DELAY_MS, HELD))
+        .transpose()
+}
+
 /// JetStream's own dedupe id: read as the envelope id of messages published
 /// by other tools, never written.
 const NATS_MSG_ID: &str = "Nats-Msg-Id";
