@@ -93,8 +93,10 @@ for i = 1, #KEYS - 4 do
         'last_error', reason, 'updated_at', now)
       move(state, 'dead')
       redis.call('ZADD', settled, now, ck)
-      record_dead_letter(dl_prefix, now, plugin, key, msg_id, headers, payload, reason, attempts, version,
+      local id = record_dead_letter(dl_prefix, now, plugin, key, msg_id, headers, payload, reason, attempts, version,
         tonumber(c[9]))
+      -- Kept by retention while this record is (see claims_sweep.lua).
+      redis.call('HSET', ck, 'dead_letter', id)
       out[i] = {'exhausted', attempts, fence + 1}
     else
       redis.call('HSET', ck, 'state', 'running', 'fence', fence + 1, 'attempts', attempts + 1,

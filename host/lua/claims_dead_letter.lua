@@ -26,6 +26,10 @@ if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[5], now, KEYS[4])
 end
 local delivery = ARGV[11] ~= '' and ARGV[11] or nil
-record_dead_letter(ARGV[10], now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], attempts, version,
+local id = record_dead_letter(ARGV[10], now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], attempts, version,
   first_seen, delivery)
+if ARGV[1] ~= '' then
+  -- Kept by retention while this record is (see claims_sweep.lua).
+  redis.call('HSET', KEYS[4], 'dead_letter', id)
+end
 return 1

@@ -1,7 +1,10 @@
 -- Retention sweep: settled claims (done, dead) last changed before a time,
 -- with their journals, and dead letters that died before another; at most
 -- `limit` of each, oldest first. Running claims and claims waiting for a
--- retry are never removed (a revived claim left the settled set).
+-- retry are never removed (a revived claim left the settled set), nor is a
+-- dead claim while its dead letter is kept: a replay revives it, its
+-- journal answering the calls it made; it is looked at again a window
+-- later.
 -- KEYS[1] hash of counts, KEYS[2] sorted set of settled claims by time,
 -- KEYS[3] list of dead-letter ids (newest first)
 -- ARGV[1] settled before (ms), ARGV[2] limit, ARGV[3] claim key prefix,
@@ -13,8 +16,11 @@ local swept = {}
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. before, 'LIMIT', 0, limit)
 for _, ck in ipairs(old) do
   redis.call('ZREM', KEYS[2], ck)
-  local c = redis.call('HMGET', ck, 'state', 'updated_at')
-  if (c[1] == 'done' or c[1] == 'dead') and tonumber(c[2]) < before then
+  local c = redis.call('HMGET', ck, 'state', 'updated_at', 'dead_letter')
+  if c[1] == 'dead' and c[3] and redis.call('EXISTS', ARGV[6] .. c[3]) == 1 then
+    local t = redis.call('TIME')
+    redis.call('ZADD', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ck)
+  elseif (c[1] == 'done' or c[1] == 'dead') and tonumber(c[2]) < before then
     local suffix = string.sub(ck, #ARGV[3] + 1)
     local jk = ARGV[4] .. suffix
     local steps = math.floor(redis.call('HLEN', jk) / 2)

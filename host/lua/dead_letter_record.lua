@@ -3,7 +3,8 @@
 -- (newest first) in KEYS[3]. `delivery`, for a dead letter no claim retires
 -- (bad input, a conflict), names the key that holds the id of the one
 -- recorded for that delivered message: while that record exists, a
--- redelivery (its answer or ack failed) records none.
+-- redelivery (its answer or ack failed) records none. Returns the id
+-- recorded (nil when none was).
 local function record_dead_letter(prefix, now, plugin, key, msg_id, headers, payload, reason, attempts, version,
                                   first_seen, delivery)
   if delivery then
@@ -21,5 +22,6 @@ local function record_dead_letter(prefix, now, plugin, key, msg_id, headers, pay
     redis.call('SET', delivery, id)
   end
   redis.call('LPUSH', KEYS[3], id)
+  return id
 end
 

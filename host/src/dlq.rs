@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::backend::Backends;
-use crate::claim::DeadLetter;
+use crate::claim::DeadLetterSummary;
 use crate::envelope::Envelope;
 
 /// Which dead letters a replay or purge applies to.
@@ -39,21 +39,21 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// The dead letters selected. Ids that do not exist are an error naming
-    /// them.
-    pub async fn resolve(&self, backends: &Backends) -> Result<Vec<DeadLetter>> {
+    /// The dead letters selected, in brief (oldest first with `all`). Ids
+    /// that do not exist are an error naming them, unless `skip_missing`.
+    pub async fn resolve(&self, backends: &Backends) -> Result<Vec<DeadLetterSummary>> {
         if self.all != self.ids.is_empty() {
             bail!("name the dead letters by id, or pass --all (not both)");
         }
         let mut letters = Vec::new();
         if self.all {
-            letters = backends.admin.dead_letters(i64::MAX).await?;
+            letters = backends.admin.dead_letter_summaries(i64::MAX).await?;
             letters.reverse(); // oldest first
         } else {
             let mut missing = Vec::new();
             for id in &self.ids {
                 match backends.admin.dead_letter_get(*id).await? {
-                    Some(d) => letters.push(d),
+                    Some(d) => letters.push(d.summary),
                     None => missing.push(id.to_string()),
                 }
             }
@@ -66,7 +66,7 @@ impl Selection {
     }
 
     /// Does `d` pass the selection's filters (plugin, reason, time)?
-    pub fn matches(&self, d: &DeadLetter) -> bool {
+    pub fn matches(&self, d: &DeadLetterSummary) -> bool {
         self.plugin.as_ref().is_none_or(|p| &d.plugin == p)
             && self.reason.as_ref().is_none_or(|r| d.reason.contains(r.as_str()))
             && self.dead_since.is_none_or(|t| d.dead_at >= t)
@@ -89,11 +89,22 @@ pub struct Replayed {
     pub claim_revived: bool,
 }
 
-/// Replay the selected dead letters.
+/// Replay the selected dead letters. Each is read in full only as it is
+/// replayed, so a replay of many holds one payload at a time; one gone
+/// since the selection was made (replayed or purged by another hand, or
+/// swept) is passed over.
 pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Replayed>> {
     let letters = selection.resolve(backends).await?;
     let mut out = Vec::with_capacity(letters.len());
-    for d in letters {
+    for brief in letters {
+        let Some(d) = backends
+            .admin
+            .dead_letter_get(brief.id)
+            .await
+            .with_context(|| format!("dead letter {}: cannot read it", brief.id))?
+        else {
+            continue;
+        };
         let claim_revived = backends
             .admin
             .revive(
@@ -125,9 +136,9 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
         backends.admin.dead_letter_remove(&[d.id]).await?;
         out.push(Replayed {
             id: d.id,
-            plugin: d.plugin,
-            key: d.key,
-            msg_id: d.msg_id,
+            plugin: d.summary.plugin,
+            key: d.summary.key,
+            msg_id: d.summary.msg_id,
             claim_revived,
         });
     }

@@ -277,11 +277,10 @@ async fn dispatch(command: Command, log_format: LogFormat) -> Result<ExitCode> {
         Command::Dlq(DlqCommand::List { config, limit, json }) => {
             let config = config.load()?;
             let backends = idem_host::backend::open(&config).await?;
-            let letters = backends.admin.dead_letters(limit).await?;
             if json {
-                println!("{}", serde_json::to_string(&letters)?);
+                println!("{}", serde_json::to_string(&backends.admin.dead_letters(limit).await?)?);
             } else {
-                for d in letters {
+                for d in backends.admin.dead_letter_summaries(limit).await? {
                     println!(
                         "{:>6}  {:<16} {:<24} attempts {:<3} {}",
                         d.id, d.plugin, d.key, d.attempts, d.reason

@@ -32,7 +32,11 @@ pub async fn sweep_once(backends: &Backends, r: &RetentionConfig, stop: &Cancell
         let dead_letters_before = r.dead_letters_ms.map(|ms| now - ms as i64);
         let swept = backends.admin.sweep(settled_before, dead_letters_before, r.sweep_batch).await?;
         if let Err(e) = backends.data.forget_fences(&swept.claims).await {
-            tracing::warn!(error = %e, "retention: cannot drop the fencing tokens of swept claims; they are dropped when swept again or refused harmlessly");
+            tracing::warn!(
+                error = %e,
+                claims = swept.claims.len(),
+                "retention: cannot drop the fencing tokens of swept claims; they stay, and a swept key delivered again can have its writes refused as stale until takeovers (a lease each) raise its fence past the old token"
+            );
         }
         totals.claims += swept.claims.len() as u64;
         totals.dead_letters += swept.dead_letters;

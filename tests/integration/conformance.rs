@@ -269,8 +269,14 @@ pub async fn claim_store_conformance(b: &Backends) {
         vec![("k3", "permanent", 1), ("k2", "attempts ", 2), ("k1", "conflict:", 0)]
     );
     assert!(letters.iter().all(|d| !d.payload.is_empty()));
+    // In brief: the same records, newest first, without headers or payload.
+    let brief = admin.dead_letter_summaries(10).await.unwrap();
+    assert_eq!(brief, letters.iter().map(|d| d.summary.clone()).collect::<Vec<_>>());
+    assert_eq!(brief[0].plugin_version.as_deref(), Some("v1"));
+    assert_eq!(admin.dead_letter_summaries(2).await.unwrap(), brief[..2]);
     let counts = admin.counts().await.unwrap();
     assert_eq!((counts.done, counts.dead, counts.running, counts.dead_letters), (1, 2, 0, 3));
+    assert_eq!(admin.dead_letter_count().await.unwrap(), 3, "what /metrics reads");
 
     // Replay support: only a dead claim taken for the same payload revives,
     // with no attempts counted; the dead-letter record can then be removed.
@@ -1020,6 +1026,40 @@ pub async fn retention_conformance(b: &Backends) {
     // Nothing left to sweep.
     let again = idem_host::retention::sweep_once(b, &retention, &Default::default()).await.unwrap();
     assert_eq!((again.claims, again.dead_letters), (0, 0));
+
+    // A dead claim stays, with its journal, while its dead letter is kept
+    // (as by default): replayed after the window, the message is revived
+    // and its journal answers the call it made, which is not sent again.
+    // Before, the claim and journal were swept and the replay ran as new.
+    assert_eq!(
+        acquired(claims.claim(&[request("kept-dead", &hash, payload, 5)], t0).await.unwrap()),
+        1
+    );
+    assert!(claims
+        .journal_put(&claim("kept-dead", 1), "charge", "h", b"r", "v1", t0 + 5)
+        .await
+        .unwrap());
+    let dead = DeadLetterRequest {
+        plugin: "p",
+        key: "kept-dead",
+        msg_id: "kept-dead",
+        headers: &[],
+        payload,
+        reason: "permanent error: the email API is down",
+        fence: Some(1),
+        plugin_version: Some("v1"),
+        delivery: None,
+    };
+    assert_eq!(claims.dead_letter(&[dead], t0 + 10).await.unwrap(), vec![true]);
+    let keep = RetentionConfig {
+        dead_letters_ms: None,
+        ..retention
+    };
+    let kept = idem_host::retention::sweep_once(b, &keep, &Default::default()).await.unwrap();
+    assert_eq!((kept.claims, kept.dead_letters), (0, 0));
+    assert_eq!(state("kept-dead").await, Some("dead"));
+    assert!(claims.journal_get("p", "kept-dead", "charge").await.unwrap().is_some());
+    assert!(admin.revive("p", "kept-dead", &hash, now).await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -463,14 +463,24 @@ async fn console_off_loopback_needs_its_token_and_read_only_refuses_actions() {
     assert_eq!(browser.text(".badge").await, "read-only");
     assert!(b.find(Locator::Css("#replay")).await.is_err(), "no replay button when read-only");
     let source = b.source().await.unwrap();
-    assert!(!source.contains("name=\"csrf\""), "no action forms when read-only");
+    assert!(!source.contains("action=\"/console/dead/"), "no action forms when read-only");
     browser.shot("read-only").await;
     b.goto(&format!("{base}/console/dead")).await.unwrap();
     assert!(browser.text("#dead-list").await.contains("poison-2"));
     assert!(
-        !b.source().await.unwrap().contains("name=\"csrf\""),
+        !b.source().await.unwrap().contains("action=\"/console/dead/"),
         "no action forms when read-only"
     );
+    // The login cookie is this console's own (a host's cookies go to all
+    // its ports), and logging out drops it.
+    let cookies: Vec<String> = b.get_all_cookies().await.unwrap().iter().map(|c| c.name().to_string()).collect();
+    assert_eq!(cookies, vec![format!("idem_console_{port}")]);
+    browser.click("#logout").await;
+    browser.element("input[name=token]").await;
+    assert!(b.get_all_cookies().await.unwrap().is_empty(), "logged out");
+    b.goto(&format!("{base}/console/dead")).await.unwrap();
+    browser.element("input[name=token]").await;
+    assert!(b.current_url().await.unwrap().path().ends_with("/console/login"));
     browser.stop().await;
     let replay = client
         .post(format!("{base}/console/dead/replay"))

@@ -1,6 +1,7 @@
 //! Keys and message ids a claim store cannot hold (a NUL, 10 KB) are
 //! dead-lettered at admission with their reason, alone: their batch-mates
-//! run, and nothing is mistaken for a claim-store outage. On SQLite,
+//! run, and nothing is mistaken for a claim-store outage. A handler's error
+//! holding a NUL is dead-lettered with it escaped. On SQLite,
 //! Postgres and Redis claims (each as a deployment combines them).
 
 use std::time::Duration;
@@ -36,6 +37,8 @@ async fn bad_keys_are_dead_lettered_alone(kind: StoreKind) {
             json!({ "payment_id": "p".repeat(10_000), "customer": "c", "amount_cents": 1 }),
         ),
     ];
+    // A handler's error holding a NUL, which Postgres refuses in text.
+    batch.push(envelope("m-nul-error", "poison", json!({ "mode": "permanent", "why": "a\u{0}b" })));
     for i in 0..10 {
         batch.push(envelope(
             &format!("m-{i}"),
@@ -44,9 +47,9 @@ async fn bad_keys_are_dead_lettered_alone(kind: StoreKind) {
         ));
     }
     pool.backends.broker.publish(&batch, Duration::ZERO).await.unwrap();
-    wait_until(Duration::from_secs(30), "10 done and 2 dead letters", || async {
+    wait_until(Duration::from_secs(30), "10 done and 3 dead letters", || async {
         let c = pool.backends.admin.counts().await.unwrap();
-        c.done == 10 && c.dead_letters == 2
+        c.done == 10 && c.dead_letters == 3
     })
     .await;
     let letters = pool.backends.admin.dead_letters(10).await.unwrap();
@@ -59,6 +62,16 @@ async fn bad_keys_are_dead_lettered_alone(kind: StoreKind) {
     };
     assert!(reason("m-nul").contains("control character U+0000"), "{letters:?}");
     assert!(reason("m-long").contains("10000 bytes long"), "{letters:?}");
+    // Dead-lettered at once, its NUL escaped (before, Postgres refused the
+    // dead letter, and the claim ran on until its lease ran out).
+    let nul_error = letters
+        .iter()
+        .find(|d| d.msg_id == "m-nul-error")
+        .expect("m-nul-error dead-lettered");
+    assert_eq!(
+        (nul_error.reason.as_str(), nul_error.attempts),
+        ("permanent error: poison: this message is refused: a\\0b", 1)
+    );
     let counters = pool.counters.snapshot();
     assert_eq!(counters.outage_decisions, 0, "{counters:?}");
     assert_eq!(env.mock.double_effects(), 0);

@@ -149,7 +149,7 @@ async fn hostile(file: &str, modes: &[&str]) -> (std::collections::BTreeMap<Stri
     let reasons = pool
         .backends
         .admin
-        .dead_letters(100)
+        .dead_letter_summaries(100)
         .await
         .unwrap()
         .into_iter()
@@ -188,6 +188,37 @@ async fn hostile_plugin_is_contained(file: &str) {
     assert_eq!(state(&pool, "hostile", "attack-ok").await, Some("done"), "{file}");
     assert!(started.elapsed() < Duration::from_secs(60), "{file}: {:?}", started.elapsed());
     pool.stop().await.unwrap();
+}
+
+/// An interpreter whose snapshot starts with more memory than its
+/// `limits.memory_bytes` is refused when loaded, naming the setting. Before,
+/// it loaded, and every message failed to make an instance: a host error
+/// ("cannot instantiate plugin"), not a trap, retried until its attempts ran
+/// out, the limit never named. One starting with more than the pool
+/// reserves for any instance is refused so too, where the error said the
+/// component was not valid WebAssembly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_larger_than_the_memory_limit_is_refused_naming_it() {
+    let mut env = Env::new().await;
+    let hostile = env.config.plugins.get_mut("hostile").unwrap();
+    hostile.path = plugin_dir().join("hostile_py.wasm");
+    hostile.limits = Some(idem_host::config::LimitsOverride {
+        memory_bytes: Some(2 << 20),
+        ..Default::default()
+    });
+    let err = format!("{:#}", idem_host::app::Pool::start(&env.config).await.err().expect("refused"));
+    assert!(
+        err.contains("more than its limits.memory_bytes = 2097152") && err.contains("plugins.hostile.limits.memory_bytes"),
+        "{err}"
+    );
+    // Every plugin at 4 MiB: the pool reserves 4 MiB an instance.
+    env.config.plugins.get_mut("hostile").unwrap().limits = None;
+    env.config.limits = Limits {
+        memory_bytes: 4 << 20,
+        ..Limits::default()
+    };
+    let err = format!("{:#}", idem_host::app::Pool::start(&env.config).await.err().expect("refused"));
+    assert!(err.contains("more than the 4194304 this process reserves for one"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

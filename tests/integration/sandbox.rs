@@ -389,7 +389,7 @@ async fn settle_one(env: &Env, id: &str, mode: &str) -> (Duration, Option<&'stat
     let reasons = pool
         .backends
         .admin
-        .dead_letters(10)
+        .dead_letter_summaries(10)
         .await
         .unwrap()
         .into_iter()

@@ -95,18 +95,47 @@ impl Writes {
             *pending = rest;
             mine
         };
-        wait(mine).await
+        self.wait(mine).await
     }
 
     /// Wait for every queued write.
     pub async fn wait_all(&self) -> Result<(), DataError> {
         let all = std::mem::take(&mut *self.lock());
-        wait(all).await
+        self.wait(all).await
+    }
+
+    /// Wait for every write in `taken` (taken out of this execution's);
+    /// a stale fence outranks an outage. Cancelled (the execution's
+    /// timeout ends a store call that waits here), the writes go back, so
+    /// settling still waits for them.
+    async fn wait(&self, taken: Vec<Pending>) -> Result<(), DataError> {
+        let mut back = PutBack { writes: self, taken };
+        for p in &mut back.taken {
+            p.queued.answered().await;
+        }
+        let answered = std::mem::take(&mut back.taken);
+        answer(answered).await
     }
 }
 
-/// Wait for every write in `pending`; a stale fence outranks an outage.
-async fn wait(pending: Vec<Pending>) -> Result<(), DataError> {
+/// Writes taken out of a [`Writes`] to be waited for, put back if the wait
+/// is dropped before they all answered.
+struct PutBack<'a> {
+    writes: &'a Writes,
+    taken: Vec<Pending>,
+}
+
+impl Drop for PutBack<'_> {
+    fn drop(&mut self) {
+        if !self.taken.is_empty() {
+            self.writes.lock().append(&mut self.taken);
+        }
+    }
+}
+
+/// The answer of writes that have all answered; a stale fence outranks an
+/// outage.
+async fn answer(pending: Vec<Pending>) -> Result<(), DataError> {
     let mut first_error = None;
     for p in pending {
         match p.queued.wait().await {
@@ -136,6 +165,26 @@ mod tests {
         assert!(matches!(w.wait_for("c", "b").await, Err(DataError::FenceLost { .. })));
         assert_eq!(w.len(), 1);
         assert!(w.wait_all().await.is_ok());
+        assert!(w.is_empty());
+    }
+
+    /// A wait cut short (the execution's timeout during a store call) puts
+    /// the writes it took back: settling still waits for them. Before, they
+    /// were dropped, and `wait_all` answered at once.
+    #[tokio::test]
+    async fn a_cancelled_wait_leaves_its_writes_for_settling() {
+        let w = Writes::default();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        w.push("c", "a", 1, Queued::done(Ok(Written::Upserted)));
+        w.push("c", "a", 1, Queued::waiting(rx));
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(10), w.wait_for("c", "a")).await;
+        assert!(cut.is_err(), "the second write has not answered");
+        assert_eq!(w.len(), 2);
+        let all = w.wait_all();
+        tokio::pin!(all);
+        assert!(futures::poll!(all.as_mut()).is_pending(), "settling waits for the write");
+        tx.send(Err(DataError::stale())).unwrap();
+        assert!(matches!(all.await, Err(DataError::FenceLost { .. })));
         assert!(w.is_empty());
     }
 

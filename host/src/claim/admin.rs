@@ -7,9 +7,10 @@ use serde::Serialize;
 
 use super::{ClaimError, ClaimState};
 
-/// A dead-lettered message.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeadLetter {
+/// A dead letter as a list shows it: all but its headers and payload, so
+/// listing many holds none of their payloads.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DeadLetterSummary {
     /// Row id.
     pub id: i64,
     /// Plugin name.
@@ -18,11 +19,6 @@ pub struct DeadLetter {
     pub key: String,
     /// Producer's message id.
     pub msg_id: String,
-    /// Headers as delivered.
-    pub headers: Vec<(String, String)>,
-    /// Payload as delivered (serialized lossily as text).
-    #[serde(serialize_with = "lossy_text")]
-    pub payload: Vec<u8>,
     /// Why it was dead-lettered.
     pub reason: String,
     /// Executions made.
@@ -33,6 +29,26 @@ pub struct DeadLetter {
     pub first_seen_at: i64,
     /// When it was dead-lettered (ms).
     pub dead_at: i64,
+}
+
+/// A dead-lettered message in full: its summary, headers and payload.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// What a list shows of it (serialized inline).
+    #[serde(flatten)]
+    pub summary: DeadLetterSummary,
+    /// Headers as delivered.
+    pub headers: Vec<(String, String)>,
+    /// Payload as delivered (serialized lossily as text).
+    #[serde(serialize_with = "lossy_text")]
+    pub payload: Vec<u8>,
+}
+
+impl std::ops::Deref for DeadLetter {
+    type Target = DeadLetterSummary;
+    fn deref(&self) -> &DeadLetterSummary {
+        &self.summary
+    }
 }
 
 fn lossy_text<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -143,10 +159,17 @@ pub trait ClaimAdmin: Send + Sync + 'static {
     async fn clock_ms(&self) -> Result<Option<i64>, ClaimError>;
     /// The state of one claim, if any.
     async fn state(&self, plugin: &str, key: &str) -> Result<Option<ClaimState>, ClaimError>;
-    /// Counts by state.
+    /// Counts by state (on SQL stores, a count of every claim and journal
+    /// row: not for each metrics scrape).
     async fn counts(&self) -> Result<ClaimCounts, ClaimError>;
-    /// Dead letters, newest first.
+    /// How many dead letters are kept (`/metrics`' `idem_dead_letters`).
+    async fn dead_letter_count(&self) -> Result<u64, ClaimError>;
+    /// Dead letters, newest first, in full (`idem dlq list --json`).
     async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError>;
+    /// Dead letters, newest first, without their headers and payloads: what
+    /// the console's list and a replay or purge of `--all` read, however
+    /// large the payloads.
+    async fn dead_letter_summaries(&self, limit: i64) -> Result<Vec<DeadLetterSummary>, ClaimError>;
     /// One dead letter.
     async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError>;
     /// Delete dead-letter records; returns how many existed. Their

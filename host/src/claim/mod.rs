@@ -19,7 +19,7 @@ mod state;
 
 use async_trait::async_trait;
 
-pub use admin::{check_key_pointer, ClaimAdmin, ClaimCounts, ClaimInfo, DeadLetter, JournalStep, Swept};
+pub use admin::{check_key_pointer, ClaimAdmin, ClaimCounts, ClaimInfo, DeadLetter, DeadLetterSummary, JournalStep, Swept};
 pub use state::ClaimState;
 pub(crate) use state::{decide, Decision, Stored};
 

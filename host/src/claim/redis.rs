@@ -19,7 +19,7 @@ use redis::{AsyncCommands, Script, Value};
 
 use super::{
     ClaimAdmin, ClaimCounts, ClaimError, ClaimInfo, ClaimOutcome, ClaimRef, ClaimRequest, ClaimState, ClaimStore, DeadLetter,
-    DeadLetterRequest, JournalEntry, JournalStep, Swept,
+    DeadLetterRequest, DeadLetterSummary, JournalEntry, JournalStep, Swept,
 };
 
 /// The Redis claim store.
@@ -110,10 +110,10 @@ impl RedisClaims {
     fn dead_seq(&self) -> String {
         format!("{}:dead:seq", self.ns)
     }
-    fn dead_ids(&self) -> String {
+    pub(super) fn dead_ids(&self) -> String {
         format!("{}:dead:ids", self.ns)
     }
-    fn dead_prefix(&self) -> String {
+    pub(super) fn dead_prefix(&self) -> String {
         format!("{}:dead:", self.ns)
     }
 }
@@ -371,31 +371,21 @@ impl ClaimAdmin for RedisClaims {
         Ok(counts)
     }
 
-    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
+    async fn dead_letter_count(&self) -> Result<u64, ClaimError> {
         let mut conn = self.conn.clone();
-        let stop = if limit <= 0 || limit == i64::MAX {
-            -1
-        } else {
-            (limit - 1) as isize
-        };
-        let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, stop).await?;
-        let mut out = Vec::with_capacity(ids.len());
-        // One round trip per 100 records.
-        for chunk in ids.chunks(100) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.hgetall(format!("{}{id}", self.dead_prefix()));
-            }
-            let records: Vec<DeadFields> = pipe.query_async(&mut conn).await?;
-            out.extend(chunk.iter().zip(&records).filter_map(|(id, m)| dead_letter_from(*id, m)));
-        }
-        Ok(out)
+        Ok(conn.llen(self.dead_ids()).await?)
+    }
+
+    async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
+        self.dead_letters_in_full(limit).await
+    }
+
+    async fn dead_letter_summaries(&self, limit: i64) -> Result<Vec<DeadLetterSummary>, ClaimError> {
+        self.dead_letters_in_brief(limit).await
     }
 
     async fn dead_letter_get(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError> {
-        let mut conn = self.conn.clone();
-        let m: DeadFields = conn.hgetall(format!("{}{id}", self.dead_prefix())).await?;
-        Ok(dead_letter_from(id, &m))
+        self.dead_letter_in_full(id).await
     }
 
     async fn dead_letter_remove(&self, ids: &[i64]) -> Result<u64, ClaimError> {
@@ -499,32 +489,6 @@ impl ClaimAdmin for RedisClaims {
         let _: () = conn.hset(self.key_pointers_key(), plugin, pointer).await?;
         Ok(())
     }
-}
-
-/// A dead letter's hash.
-type DeadFields = std::collections::HashMap<String, Vec<u8>>;
-
-/// A dead letter from its hash (`None` when the hash is gone).
-fn dead_letter_from(id: i64, m: &DeadFields) -> Option<DeadLetter> {
-    if m.is_empty() {
-        return None;
-    }
-    let s = |k: &str| m.get(k).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
-    let n = |k: &str| s(k).parse::<i64>().unwrap_or(0);
-    let version = s("plugin_version");
-    Some(DeadLetter {
-        id,
-        plugin: s("plugin"),
-        key: s("key"),
-        msg_id: s("msg_id"),
-        headers: super::admin::parse_headers(&s("headers")),
-        payload: m.get("payload").cloned().unwrap_or_default(),
-        reason: s("reason"),
-        attempts: n("attempts") as u32,
-        plugin_version: (!version.is_empty()).then_some(version),
-        first_seen_at: n("first_seen_at"),
-        dead_at: n("dead_at"),
-    })
 }
 
 /// `plugin`, `key` from a claim key's suffix `{len(plugin)}:{plugin}:{key}`.

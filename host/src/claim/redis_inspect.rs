@@ -1,5 +1,6 @@
 //! The Redis claim store's answers to the console's questions: one claim
-//! in full, the claims in one state, a message's journal, and the
+//! in full, the claims in one state, a message's journal, the dead
+//! letters (in full, or in brief without their payloads), and the
 //! namespace's activity per minute.
 //!
 //! Claims are hashes with no index by state, so listing the running or
@@ -14,7 +15,7 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 
 use super::redis::{split_claim_suffix, RedisClaims};
-use super::{ClaimError, ClaimInfo, ClaimState, JournalStep};
+use super::{ClaimError, ClaimInfo, ClaimState, DeadLetter, DeadLetterSummary, JournalStep};
 
 /// Keys one listing asks SCAN to look at, at most.
 pub const SCAN_LIMIT: usize = 100_000;
@@ -38,6 +39,52 @@ fn glob_escape(text: &str) -> String {
 const ACTIVITY_TTL_SECS: i64 = 24 * 3600;
 
 impl RedisClaims {
+    pub(super) async fn dead_letters_in_full(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, list_stop(limit)).await?;
+        let mut out = Vec::with_capacity(ids.len());
+        // One round trip per 100 records.
+        for chunk in ids.chunks(100) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.hgetall(format!("{}{id}", self.dead_prefix()));
+            }
+            let records: Vec<DeadFields> = pipe.query_async(&mut conn).await?;
+            out.extend(chunk.iter().zip(&records).filter_map(|(id, m)| dead_letter_from(*id, m)));
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn dead_letters_in_brief(&self, limit: i64) -> Result<Vec<DeadLetterSummary>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, list_stop(limit)).await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(100) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET")
+                    .arg(format!("{}{id}", self.dead_prefix()))
+                    .arg(&SUMMARY_FIELDS[..]);
+            }
+            let records: Vec<Vec<Option<Vec<u8>>>> = pipe.query_async(&mut conn).await?;
+            out.extend(chunk.iter().zip(records).filter_map(|(id, values)| {
+                let m: DeadFields = SUMMARY_FIELDS
+                    .iter()
+                    .zip(values)
+                    .filter_map(|(f, v)| Some((f.to_string(), v?)))
+                    .collect();
+                summary_from(*id, &m)
+            }));
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn dead_letter_in_full(&self, id: i64) -> Result<Option<DeadLetter>, ClaimError> {
+        let mut conn = self.conn.clone();
+        let m: DeadFields = conn.hgetall(format!("{}{id}", self.dead_prefix())).await?;
+        Ok(dead_letter_from(id, &m))
+    }
+
     pub(super) async fn claim_info(&self, plugin: &str, key: &str) -> Result<Option<ClaimInfo>, ClaimError> {
         let mut conn = self.conn.clone();
         let fields: HashMap<String, String> = conn.hgetall(self.claim_key(plugin, key)).await?;
@@ -180,6 +227,62 @@ fn claim_from(plugin: &str, key: &str, f: &HashMap<String, String>) -> Result<Op
         created_at: int("created_at"),
         updated_at: int("updated_at"),
     }))
+}
+
+/// A dead letter's hash.
+type DeadFields = std::collections::HashMap<String, Vec<u8>>;
+
+/// The last index of an `LRANGE` reading `limit` items (all when `limit`
+/// is not positive or is `i64::MAX`).
+fn list_stop(limit: i64) -> isize {
+    if limit <= 0 || limit == i64::MAX {
+        -1
+    } else {
+        isize::try_from(limit - 1).unwrap_or(-1)
+    }
+}
+
+/// The fields of a dead letter's hash that its summary reads.
+const SUMMARY_FIELDS: [&str; 8] = [
+    "plugin",
+    "key",
+    "msg_id",
+    "reason",
+    "attempts",
+    "plugin_version",
+    "first_seen_at",
+    "dead_at",
+];
+
+/// A dead letter from its hash (`None` when the hash is gone).
+fn dead_letter_from(id: i64, m: &DeadFields) -> Option<DeadLetter> {
+    Some(DeadLetter {
+        summary: summary_from(id, m)?,
+        headers: super::admin::parse_headers(&String::from_utf8_lossy(m.get("headers").map_or(&[][..], |v| v))),
+        payload: m.get("payload").cloned().unwrap_or_default(),
+    })
+}
+
+/// A dead letter's summary from (some of) its hash's fields (`None` when
+/// the hash is gone).
+fn summary_from(id: i64, m: &DeadFields) -> Option<DeadLetterSummary> {
+    if m.is_empty() {
+        return None;
+    }
+    let s = |k: &str| m.get(k).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+    let n = |k: &str| s(k).parse::<i64>().unwrap_or(0);
+    let version = s("plugin_version");
+    Some(DeadLetterSummary {
+        id,
+        plugin: s("plugin"),
+        key: s("key"),
+        msg_id: s("msg_id"),
+        reason: s("reason"),
+        attempts: n("attempts") as u32,
+        plugin_version: (!version.is_empty()).then_some(version),
+        first_seen_at: n("first_seen_at"),
+        dead_at: n("dead_at"),
+    })
 }
 
 #[cfg(test)]

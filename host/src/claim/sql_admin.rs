@@ -44,17 +44,21 @@ macro_rules! sql_claim_admin {
                     let n = row.try_get::<i64, _>("n")? as u64;
                     c.set($crate::claim::sql_admin::state(&row.try_get::<String, _>("state")?)?, n);
                 }
-                c.dead_letters = sqlx::query_scalar::<_, i64>(include_str!(concat!(
+                c.dead_letters = $crate::claim::ClaimAdmin::dead_letter_count(self).await?;
+                c.journal = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM journal")
+                    .fetch_one(&self.pool)
+                    .await? as u64;
+                Ok(c)
+            }
+
+            async fn dead_letter_count(&self) -> Result<u64, $crate::claim::ClaimError> {
+                Ok(sqlx::query_scalar::<_, i64>(include_str!(concat!(
                     "../../queries/",
                     $dialect,
                     "/admin_dead_letter_count.sql"
                 )))
                 .fetch_one(&self.pool)
-                .await? as u64;
-                c.journal = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM journal")
-                    .fetch_one(&self.pool)
-                    .await? as u64;
-                Ok(c)
+                .await? as u64)
             }
 
             async fn dead_letters(&self, limit: i64) -> Result<Vec<$crate::claim::DeadLetter>, $crate::claim::ClaimError> {
@@ -63,6 +67,18 @@ macro_rules! sql_claim_admin {
                     .fetch_all(&self.pool)
                     .await?;
                 Ok(rows.iter().map(dead_letter_row).collect::<Result<_, sqlx::Error>>()?)
+            }
+
+            async fn dead_letter_summaries(&self, limit: i64) -> Result<Vec<$crate::claim::DeadLetterSummary>, $crate::claim::ClaimError> {
+                let rows = sqlx::query(include_str!(concat!(
+                    "../../queries/",
+                    $dialect,
+                    "/admin_dead_letter_summaries.sql"
+                )))
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.iter().map(dead_letter_summary).collect::<Result<_, sqlx::Error>>()?)
             }
 
             async fn dead_letter_get(&self, id: i64) -> Result<Option<$crate::claim::DeadLetter>, $crate::claim::ClaimError> {
@@ -274,12 +290,24 @@ macro_rules! sql_claim_admin {
             for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         {
             Ok($crate::claim::DeadLetter {
+                summary: dead_letter_summary(row)?,
+                headers: $crate::claim::admin::parse_headers(&row.try_get::<String, _>("headers")?),
+                payload: row.try_get("payload")?,
+            })
+        }
+
+        fn dead_letter_summary<R: sqlx::Row>(row: &R) -> Result<$crate::claim::DeadLetterSummary, sqlx::Error>
+        where
+            for<'c> &'c str: sqlx::ColumnIndex<R>,
+            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        {
+            Ok($crate::claim::DeadLetterSummary {
                 id: row.try_get("id")?,
                 plugin: row.try_get("plugin")?,
                 key: row.try_get("key")?,
                 msg_id: row.try_get("msg_id")?,
-                headers: $crate::claim::admin::parse_headers(&row.try_get::<String, _>("headers")?),
-                payload: row.try_get("payload")?,
                 reason: row.try_get("reason")?,
                 attempts: row.try_get::<i64, _>("attempts")? as u32,
                 plugin_version: row.try_get("plugin_version")?,

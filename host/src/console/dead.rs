@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::view::{self, or_dash, time};
 use super::{backend_error, csrf_refused, Console, Form};
-use crate::claim::DeadLetter;
+use crate::claim::DeadLetterSummary;
 use crate::dlq::Selection;
 
 /// The dead letters a list reads (newest first).
@@ -56,12 +56,12 @@ impl Filter {
 }
 
 pub async fn list(State(c): State<Arc<Console>>, Query(f): Query<Filter>) -> Response {
-    let letters = match c.backends.admin.dead_letters(NEWEST).await {
+    let letters = match c.backends.admin.dead_letter_summaries(NEWEST).await {
         Ok(l) => l,
         Err(e) => return backend_error(&c, "the dead letters", e),
     };
     let selection = f.selection(c.backends.clock.now_ms());
-    let shown: Vec<&DeadLetter> = letters.iter().filter(|d| selection.matches(d)).collect();
+    let shown: Vec<&DeadLetterSummary> = letters.iter().filter(|d| selection.matches(d)).collect();
     let body = html! {
         form.search method="get" action="/console/dead" {
             select name="plugin" {
@@ -146,7 +146,7 @@ pub async fn show(State(c): State<Arc<Console>>, Path(id): Path<i64>) -> Respons
     view::page(&c, "/console/dead", &format!("Dead letter #{}", d.id), false, body).into_response()
 }
 
-fn table(shown: &[&DeadLetter], boxes: bool) -> Markup {
+fn table(shown: &[&DeadLetterSummary], boxes: bool) -> Markup {
     html! {
         table #dead-list {
             tr { @if boxes { th { "" } } th { "id" } th { "plugin" } th { "key" } th { "reason" } th { "attempts" } th { "died" } }

@@ -16,7 +16,7 @@
 //!   into its login form (which sets an HttpOnly, SameSite=Strict cookie
 //!   derived from the token and a key drawn at start); without a configured
 //!   token it answers 403 naming the setting.
-//! - Every action (replay, purge, login) is a POST carrying a CSRF token
+//! - Every action (replay, purge, login, logout) is a POST carrying a CSRF token
 //!   drawn at start (the login form has its own, so the actions' token is
 //!   shown only behind the token); one without it, or posted from another
 //!   origin, changes nothing (403).
@@ -45,7 +45,9 @@ use crate::reload::Reloader;
 use crate::runtime::Runtime;
 use crate::worker::Worker;
 
-/// The cookie the login form sets.
+/// The login cookie's name, before the console's port: browsers send a
+/// host's cookies to all its ports, so each console of a multi-process
+/// pool keeps its own.
 const SESSION_COOKIE: &str = "idem_console";
 
 /// What the console shows and acts on.
@@ -63,6 +65,8 @@ pub struct Console {
     /// and a key drawn at start, so it is worthless to another process or
     /// after a restart, and says nothing about the token.
     session: Option<String>,
+    /// The login cookie's name (`idem_console_{port}`).
+    cookie: String,
     /// Why the console is off, if it is.
     off: Option<String>,
 }
@@ -98,6 +102,7 @@ impl Console {
             csrf: random_token(),
             login_csrf: random_token(),
             session: token.map(|t| hex::encode(Sha256::digest(format!("{key}:session:{t}")))),
+            cookie: format!("{SESSION_COOKIE}_{}", bound.port()),
             off,
         })
     }
@@ -136,7 +141,7 @@ impl Console {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(';'))
             .filter_map(|c| c.trim().split_once('='))
-            .any(|(name, value)| name == SESSION_COOKIE && same(value, session));
+            .any(|(name, value)| name == self.cookie && same(value, session));
         bearer || cookie
     }
 
@@ -201,6 +206,7 @@ pub fn router(console: Arc<Console>) -> Router {
     Router::new()
         .route("/", get(|| async { Redirect::to("/console") }))
         .route("/console/login", get(login_page).post(login))
+        .route("/console/logout", post(logout))
         .route("/console/assets/console.css", get(stylesheet))
         .route("/console/assets/console.js", get(script))
         .merge(guarded)
@@ -321,8 +327,19 @@ async fn login(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -
         .and_then(|v| v.to_str().ok())
         .is_some_and(|p| p.eq_ignore_ascii_case("https"));
     let secure = if https { "; Secure" } else { "" };
-    let cookie = format!("{SESSION_COOKIE}={session}; Path=/console; HttpOnly; SameSite=Strict{secure}");
+    let cookie = format!("{}={session}; Path=/console; HttpOnly; SameSite=Strict{secure}", c.cookie);
     ([(header::SET_COOKIE, cookie)], Redirect::to(next)).into_response()
+}
+
+/// Log out: the browser drops the login cookie. Posted with the login
+/// form's token, which pages show beside the button (read-only pages hold
+/// no action's token).
+async fn logout(State(c): State<Arc<Console>>, body: Bytes) -> Response {
+    if Form::checked(&body, &c.login_csrf).is_none() {
+        return csrf_refused();
+    }
+    let cookie = format!("{}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0", c.cookie);
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/console/login")).into_response()
 }
 
 /// Is `host` (a `Host` header, port included or not) a loopback name?

@@ -179,7 +179,7 @@ pub async fn messages(State(c): State<Arc<Console>>, Query(f): Query<Filter>) ->
     let (claim, journal, dead) = tokio::join!(
         within(admin.claim(plugin, key)),
         within(admin.journal(plugin, key)),
-        within(admin.dead_letters(500)),
+        within(admin.dead_letter_summaries(500)),
     );
     let (claim, journal, dead) = match (claim, journal, dead) {
         (Ok(a), Ok(b), Ok(d)) => (a, b, d),

@@ -39,6 +39,12 @@ pub fn page(c: &Console, active: &str, title: &str, refresh: bool, body: Markup)
                         }
                     }
                     @if c.read_only() { span.badge { "read-only" } }
+                    @if c.session.is_some() {
+                        form.logout method="post" action="/console/logout" {
+                            input type="hidden" name="csrf" value=(c.login_csrf);
+                            button #logout type="submit" { "Log out" }
+                        }
+                    }
                 }
                 main id="content" {
                     h1 { (title) }

@@ -3,8 +3,8 @@
 //! milliseconds. Each entry is named by the SHA-256 of the component and a
 //! hash of the engine's settings and version, so a changed component, a
 //! changed setting or a new wasmtime never reads a stale entry. Entries are
-//! written whole (a temporary file renamed into place); one that cannot be
-//! read is compiled again and replaced.
+//! written whole (a temporary file synced, then renamed into place); one
+//! that cannot be read is compiled again and replaced.
 //!
 //! Reading an entry runs the machine code in it, so the directory must be
 //! writable only by the worker's user (it is created with mode 0700). A
@@ -87,9 +87,15 @@ impl CompileCache {
         create_private_dir(&self.dir)?;
         let bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e:#}"))?;
         // A temporary file of its own (several pools, in one process or
-        // many, may store the same entry at once), renamed into place.
+        // many, may store the same entry at once), on disk before it is
+        // renamed into place: renamed first, a crash could leave the name
+        // on a file whose blocks never reached the disk (machine code read
+        // back as zeros).
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).with_context(|| format!("cannot write into {}", self.dir.display()))?;
         std::io::Write::write_all(&mut tmp, &bytes).with_context(|| format!("cannot write {}", tmp.path().display()))?;
+        tmp.as_file()
+            .sync_all()
+            .with_context(|| format!("cannot sync {}", tmp.path().display()))?;
         tmp.persist(entry)
             .map_err(|e| anyhow::anyhow!("cannot rename {} into place: {}", e.file.path().display(), e.error))?;
         Ok(())

@@ -16,6 +16,10 @@ use anyhow::{Context, Result};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmparser::{Instance, Parser, Payload};
 
+/// The most core instances, memories or tables one component may make (a
+/// CPython component makes a few dozen).
+pub const MOST_PER_COMPONENT: u32 = 10_000;
+
 /// Pool slots one instance of a component takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Footprint {
@@ -25,6 +29,9 @@ pub struct Footprint {
     pub memories: u32,
     /// Tables defined by its modules.
     pub tables: u32,
+    /// The largest starting size of a memory it defines, in bytes: what an
+    /// instance needs of `limits.memory_bytes` before it runs.
+    pub starting_memory: u64,
 }
 
 impl Footprint {
@@ -34,16 +41,20 @@ impl Footprint {
         core_instances: 4,
         memories: 2,
         tables: 4,
+        starting_memory: 0,
     };
 
     /// Count what a component binary instantiates: core instances made by
     /// instantiating a module, and the memories and tables its modules
-    /// define (imported ones are shared, not allocated).
+    /// define (imported ones are shared, not allocated). Each item is read,
+    /// not taken from a section's count (which a malformed binary can set to
+    /// anything), and more than [`MOST_PER_COMPONENT`] of any is refused.
     pub fn of(component: &[u8]) -> Result<Footprint> {
         let mut fp = Footprint {
             core_instances: 0,
             memories: 0,
             tables: 0,
+            starting_memory: 0,
         };
         for payload in Parser::new(0).parse_all(component) {
             match payload.context("its sections cannot be read")? {
@@ -54,9 +65,26 @@ impl Footprint {
                         }
                     }
                 }
-                Payload::MemorySection(reader) => fp.memories += reader.count(),
-                Payload::TableSection(reader) => fp.tables += reader.count(),
+                Payload::MemorySection(reader) => {
+                    for memory in reader {
+                        let memory = memory?;
+                        let page = 1u64.checked_shl(memory.page_size_log2.unwrap_or(16)).unwrap_or(u64::MAX);
+                        fp.starting_memory = fp.starting_memory.max(memory.initial.saturating_mul(page));
+                        fp.memories += 1;
+                    }
+                }
+                Payload::TableSection(reader) => {
+                    for table in reader {
+                        table?;
+                        fp.tables += 1;
+                    }
+                }
                 _ => {}
+            }
+            if fp.core_instances.max(fp.memories).max(fp.tables) > MOST_PER_COMPONENT {
+                anyhow::bail!(
+                    "it makes more than {MOST_PER_COMPONENT} core instances, memories or tables: more than an instance pool holds"
+                );
             }
         }
         // A core module on its own (not a component) is one instance.
@@ -64,12 +92,13 @@ impl Footprint {
         Ok(fp)
     }
 
-    /// The larger of each count.
+    /// The larger of each count (and starting memory).
     pub fn max(self, other: Footprint) -> Footprint {
         Footprint {
             core_instances: self.core_instances.max(other.core_instances),
             memories: self.memories.max(other.memories),
             tables: self.tables.max(other.tables),
+            starting_memory: self.starting_memory.max(other.starting_memory),
         }
     }
 
@@ -128,11 +157,36 @@ mod tests {
             Footprint {
                 core_instances: 1,
                 memories: 2,
-                tables: 1
+                tables: 1,
+                starting_memory: 1 << 16,
             }
         );
         assert!(fp.fits(Footprint::SMALL));
         assert!(Footprint::of(b"not wasm").is_err());
+    }
+
+    /// A section's count is not trusted: a memory section claiming 2^32 - 1
+    /// memories in five bytes was counted as that many, and overflowed the
+    /// pool's sizing. Too many real ones are refused too.
+    #[test]
+    fn counts_are_read_item_by_item_and_bounded() {
+        assert!(Footprint::of(b"\0asm\x01\0\0\0\x05\x05\xff\xff\xff\xff\x0f").is_err());
+        // 10,001 memories of one page each, two bytes an entry.
+        let n = MOST_PER_COMPONENT + 1;
+        let mut section = vec![0x91, 0x4e]; // LEB128 of 10,001
+        for _ in 0..n {
+            section.extend([0x00, 0x01]);
+        }
+        let mut wasm = b"\0asm\x01\0\0\0\x05".to_vec();
+        let mut len = section.len();
+        while len >= 0x80 {
+            wasm.push((len as u8 & 0x7f) | 0x80);
+            len >>= 7;
+        }
+        wasm.push(len as u8);
+        wasm.extend(section);
+        let err = Footprint::of(&wasm).unwrap_err().to_string();
+        assert!(err.contains("more than 10000"), "{err}");
     }
 
     #[tokio::test]
@@ -143,12 +197,14 @@ mod tests {
                 core_instances: 10,
                 memories: 2,
                 tables: 2,
+                starting_memory: 0,
             },
         );
         let big = Footprint {
             core_instances: 8,
             memories: 1,
             tables: 1,
+            starting_memory: 0,
         };
         let capacity = Arc::new(capacity);
         let first = capacity.reserve(big).await;

@@ -52,8 +52,9 @@ impl Pre {
         }
     }
 
-    /// Instantiate into `store` and call `handle`. The outer error is the
-    /// instantiation's, the middle one the call's (a trap).
+    /// Instantiate into `store` and call `handle`, both within `timeout`
+    /// (a component's start functions may call the host too). The outer
+    /// error is the instantiation's, the middle one the call's (a trap).
     async fn call(
         &self,
         store: &mut Store<HostState>,
@@ -66,11 +67,14 @@ impl Pre {
         macro_rules! run {
             ($pre:expr, $msg:expr, $map:expr) => {{
                 Metered::new(meter.clone(), async {
-                    let instance = $pre.instantiate_async(&mut *store).await?;
-                    let call = instance.call_handle(&mut *store, &$msg);
-                    Ok(match tokio::time::timeout(timeout, call).await {
-                        Ok(Ok(r)) => Ok($map(r)),
-                        Ok(Err(e)) => Err(Called::Trap(e)),
+                    let run = async {
+                        let instance = $pre.instantiate_async(&mut *store).await?;
+                        Ok::<_, wasmtime::Error>(instance.call_handle(&mut *store, &$msg).await)
+                    };
+                    Ok(match tokio::time::timeout(timeout, run).await {
+                        Ok(Ok(Ok(r))) => Ok($map(r)),
+                        Ok(Ok(Err(e))) => Err(Called::Trap(e)),
+                        Ok(Err(e)) => return Err(e),
                         Err(_) => Err(Called::Timeout),
                     })
                 })
@@ -230,7 +234,10 @@ pub(super) async fn run(engine: &Engine, pre: &Pre, shared: &Arc<Capabilities>, 
                 limits.timeout_ms
             ))
         }
-        Err(e) if e.downcast_ref::<wasmtime::Trap>().is_none() && store.data().caps.abort().is_none() => {
+        // Not a trap and not the limiter's refusal of the instance's
+        // starting memory (as deterministic as a trap, and classified as
+        // one, naming the limit).
+        Err(e) if e.downcast_ref::<wasmtime::Trap>().is_none() && store.data().caps.abort().is_none() && !store.data().limiter.hit => {
             return Outcome::HostError(format!("cannot instantiate plugin {}: {e:#}", plugin.name));
         }
         Err(e) => return classify_trap(e, store.data(), &stderr),

@@ -303,6 +303,13 @@ impl Runtime {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `idem plugin build` or `cargo build --target wasm32-wasip2` against idem-sdk")
         };
         let footprint = Footprint::of(bytes).map_err(invalid)?;
+        if footprint.starting_memory > self.max_memory_bytes {
+            bail!(
+                "plugin {name}: an instance starts with {} bytes of memory, more than the {} this process reserves for one (the largest limits.memory_bytes when it started); raise limits.memory_bytes (plugins.{name}.limits.memory_bytes for this plugin alone) and restart",
+                footprint.starting_memory,
+                self.max_memory_bytes
+            );
+        }
         if !footprint.fits(self.per_instance) {
             bail!(
                 "plugin {name}: one instance needs {} core instances, {} memories and {} tables, more than this process sized its instance pool for ({}, {}, {}); restart the pool so it sizes the pool for the new component",
@@ -360,6 +367,13 @@ impl Runtime {
             );
         }
         self.memory_fits(name, limits.memory_bytes)?;
+        if footprint.starting_memory > limits.memory_bytes {
+            bail!(
+                "plugin {name}: an instance starts with {} bytes of memory, more than its limits.memory_bytes = {}; raise it (plugins.{name}.limits.memory_bytes)",
+                footprint.starting_memory,
+                limits.memory_bytes
+            );
+        }
         Ok(Arc::new(Plugin {
             info: Arc::new(PluginInfo {
                 name: name.to_string(),

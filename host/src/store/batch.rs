@@ -103,19 +103,28 @@ impl Keys {
     }
 
     /// Take from `waiting`, in order, up to `max` writes whose key no batch
-    /// in flight is committing; they are committing from now on.
+    /// in flight is committing; they are committing from now on. A key's
+    /// writes in one batch are all of one kind: a store runs each kind as
+    /// one statement (Postgres: upserts, then insert-uniques, then
+    /// deletes), so a delete and an upsert of one key in one batch could
+    /// commit out of the order they were queued in; the later one waits for
+    /// the next batch.
     fn take_ready(&self, waiting: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
         let mut state = self.lock();
         let mut batch = Vec::new();
         let mut held = VecDeque::new();
         let mut blocked: HashSet<Key> = HashSet::new();
+        let mut kinds: HashMap<Key, std::mem::Discriminant<WriteOp>> = HashMap::new();
         while let Some(p) = waiting.pop_front() {
             let key = key_of(&p.write);
+            let kind = std::mem::discriminant(&p.write.op);
             let busy = state.keys.get(&key).is_some_and(|k| k.committing > 0);
-            if batch.len() >= max || busy || blocked.contains(&key) {
+            let other_kind = kinds.get(&key).is_some_and(|k| *k != kind);
+            if batch.len() >= max || busy || other_kind || blocked.contains(&key) {
                 blocked.insert(key);
                 held.push_back(p);
             } else {
+                kinds.insert(key, kind);
                 batch.push(p);
             }
         }
@@ -395,5 +404,54 @@ impl DataStore for GroupCommit {
 
     async fn scan(&self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, DataError> {
         self.inner.scan(collection).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(keys: &Keys, key: &str, op: WriteOp) -> Pending {
+        let write = Write {
+            claim: ClaimRef {
+                plugin: "p".into(),
+                key: key.into(),
+                fence: 1,
+            },
+            collection: "c".into(),
+            key: key.into(),
+            op,
+        };
+        let seq = keys.queued(&write);
+        Pending {
+            write,
+            seq,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn taken(batch: &[Pending]) -> Vec<(&str, u64)> {
+        batch.iter().map(|p| (p.write.key.as_str(), p.seq)).collect()
+    }
+
+    /// Writes of one key of different kinds go in different batches, in
+    /// the order they were queued; writes of one kind share one.
+    #[test]
+    fn a_batch_holds_one_kind_of_write_per_key() {
+        let keys = Keys::default();
+        let mut waiting: VecDeque<Pending> = VecDeque::from([
+            pending(&keys, "k", WriteOp::Delete),
+            pending(&keys, "k", WriteOp::Upsert(b"v".to_vec())),
+            pending(&keys, "j", WriteOp::Upsert(b"1".to_vec())),
+            pending(&keys, "j", WriteOp::Upsert(b"2".to_vec())),
+            pending(&keys, "k", WriteOp::Delete),
+        ]);
+        let first = keys.take_ready(&mut waiting, MAX_BATCH);
+        assert_eq!(taken(&first), [("k", 0), ("j", 2), ("j", 3)]);
+        // The rest of k waits behind its upsert, in order.
+        assert_eq!(taken(waiting.make_contiguous()), [("k", 1), ("k", 4)]);
+        let done: Vec<(Key, u64)> = first.iter().map(|p| (key_of(&p.write), p.seq)).collect();
+        keys.done(&done);
+        assert_eq!(taken(&keys.take_ready(&mut waiting, MAX_BATCH)), [("k", 1)]);
     }
 }

@@ -136,12 +136,23 @@ impl Queued {
     }
 
     /// Wait until the write has committed or failed.
-    pub async fn wait(self) -> Result<Written, DataError> {
+    pub async fn wait(mut self) -> Result<Written, DataError> {
+        self.answered().await;
         match self.0 {
             QueuedState::Done(r) => r,
-            QueuedState::Waiting(rx) => rx
+            QueuedState::Waiting(_) => unreachable!("answered"),
+        }
+    }
+
+    /// Wait until the write has committed or failed, keeping the answer for
+    /// [`Queued::wait`]. Cancel-safe: dropped before the answer, the write
+    /// is still waiting, as it was.
+    pub async fn answered(&mut self) {
+        if let QueuedState::Waiting(rx) = &mut self.0 {
+            let r = rx
                 .await
-                .unwrap_or_else(|_| Err(DataError::Unavailable("the group-commit task stopped".into()))),
+                .unwrap_or_else(|_| Err(DataError::Unavailable("the group-commit task stopped".into())));
+            self.0 = QueuedState::Done(r);
         }
     }
 }

@@ -99,7 +99,9 @@ impl PgData {
     /// statement; otherwise the fences are checked (and locked) by one
     /// statement, then each kind is one statement, in the order upserts,
     /// insert-uniques, deletes (the items come from concurrent executions,
-    /// so any order is one they could have run in). An error of a
+    /// and group commit puts one kind of write of a key in a batch, so
+    /// each key's writes still commit in the order they were queued). An
+    /// error of a
     /// statement (a bad item, a deadlock abort) fails the whole batch;
     /// [`DataStore::write_many`] then writes item by item.
     pub async fn write_batch(&self, items: &[Write]) -> Result<Vec<Result<Written, DataError>>, sqlx::Error> {

@@ -5,9 +5,19 @@
 use crate::envelope::{check_key, derive_key, printable, Delivery};
 use crate::plugin::PluginInfo;
 
-/// Most bytes a message's headers may take, names and values together:
-/// they go to the handler, into the claim and into a dead letter with it.
+/// Most bytes a message's headers may take, names and values together,
+/// each header counted [`HEADER_OVERHEAD`] bytes more: they go to the
+/// handler, into the claim and into a dead letter with it.
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// What one header costs beyond its name and value (about what it takes in
+/// memory), so a million empty headers are not free.
+pub const HEADER_OVERHEAD: usize = 32;
+
+/// A header's size as [`MAX_HEADER_BYTES`] counts it.
+fn header_cost((name, value): &(String, String)) -> usize {
+    name.len() + value.len() + HEADER_OVERHEAD
+}
 
 /// The headers a dead letter keeps: the first ones that fit in
 /// [`MAX_HEADER_BYTES`] (all of them, unless the message was refused for
@@ -16,8 +26,8 @@ pub fn bounded_headers(headers: &[(String, String)]) -> &[(String, String)] {
     let mut total = 0;
     let fit = headers
         .iter()
-        .take_while(|(name, value)| {
-            total += name.len() + value.len();
+        .take_while(|h| {
+            total += header_cost(h);
             total <= MAX_HEADER_BYTES
         })
         .count();
@@ -53,10 +63,10 @@ pub(super) fn check(d: &Delivery, plugin: Option<&PluginInfo>, loaded: impl FnOn
             plugin.name
         ));
     }
-    let header_bytes: usize = e.headers.iter().map(|(name, value)| name.len() + value.len()).sum();
+    let header_bytes: usize = e.headers.iter().map(header_cost).sum();
     if header_bytes > MAX_HEADER_BYTES {
         return Err(format!(
-            "headers of {header_bytes} bytes ({} headers) exceed the limit of {MAX_HEADER_BYTES} bytes; carry large data in the payload",
+            "headers of {header_bytes} bytes ({} headers, each counted {HEADER_OVERHEAD} bytes more than its name and value) exceed the limit of {MAX_HEADER_BYTES} bytes; carry large data in the payload",
             e.headers.len()
         ));
     }
@@ -96,13 +106,22 @@ mod tests {
     #[test]
     fn headers_are_bounded_and_a_long_handler_name_is_cut_in_the_reason() {
         let mut d = envelope("m1", "p", "{}");
-        d.envelope.headers = vec![("a".into(), "x".repeat(MAX_HEADER_BYTES - 1))];
+        d.envelope.headers = vec![("a".into(), "x".repeat(MAX_HEADER_BYTES - 1 - HEADER_OVERHEAD))];
         assert_eq!(check(&d, Some(&plugin(None, &[])), loaded), Ok("m1".into()));
         d.envelope.headers.push(("b".into(), "y".into()));
         let err = check(&d, Some(&plugin(None, &[])), loaded).unwrap_err();
-        assert!(err.contains(&format!("{} bytes (2 headers)", MAX_HEADER_BYTES + 2)), "{err}");
+        assert!(
+            err.contains(&format!("{} bytes (2 headers", MAX_HEADER_BYTES + 2 + HEADER_OVERHEAD)),
+            "{err}"
+        );
 
         assert_eq!(bounded_headers(&d.envelope.headers).len(), 1, "a dead letter keeps what fits");
+
+        // Empty headers are not free: ten thousand of them are refused.
+        let mut d = envelope("m1", "p", "{}");
+        d.envelope.headers = vec![(String::new(), String::new()); 10_000];
+        let err = check(&d, Some(&plugin(None, &[])), loaded).unwrap_err();
+        assert!(err.contains("10000 headers"), "{err}");
 
         let d = envelope("m1", &"h".repeat(10_000), "{}");
         let err = check(&d, None, loaded).unwrap_err();

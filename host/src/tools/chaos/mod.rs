@@ -382,7 +382,7 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
     workers.stop_all();
 
     let checked = verify(&backends, &mock, &schedule).await?;
-    let letters = backends.admin.dead_letters(i64::MAX).await?;
+    let letters = backends.admin.dead_letter_summaries(i64::MAX).await?;
     report.effects = checked.effects;
     report.expected_effects = checked.expected_effects;
     report.double_effects = checked.double_effects;

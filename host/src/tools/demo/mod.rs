@@ -309,7 +309,7 @@ pub async fn verify(backends: &crate::backend::Backends, mock: &Mock, schedule: 
         })
         .map(|(k, _)| k)
         .collect();
-    let letters = backends.admin.dead_letters(i64::MAX).await?;
+    let letters = backends.admin.dead_letter_summaries(i64::MAX).await?;
     let dead: HashSet<(String, String)> = letters.iter().map(|d| (d.plugin.clone(), d.key.clone())).collect();
     let mut report = DemoReport {
         messages: schedule.messages(),
