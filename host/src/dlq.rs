@@ -89,13 +89,33 @@ pub struct Replayed {
     pub claim_revived: bool,
 }
 
+/// A dead letter a replay kept, its message not publishable again.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Kept {
+    /// The dead letter's id (the record stays).
+    pub id: i64,
+    /// Why its message is not published again.
+    pub why: String,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Replay {
+    /// The dead letters republished (their records deleted).
+    pub replayed: Vec<Replayed>,
+    /// Those kept, untouched: their messages cannot be published again
+    /// (see [`crate::broker::Broker::republishable`]).
+    pub kept: Vec<Kept>,
+}
+
 /// Replay the selected dead letters. Each is read in full only as it is
 /// replayed, so a replay of many holds one payload at a time; one gone
 /// since the selection was made (replayed or purged by another hand, or
-/// swept) is passed over.
-pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Replayed>> {
+/// swept) is passed over, and one whose message the broker cannot publish
+/// again is kept, untouched, with the reason.
+pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Replay> {
     let letters = selection.resolve(backends).await?;
-    let mut out = Vec::with_capacity(letters.len());
+    let mut out = Replay::default();
     for brief in letters {
         let Some(d) = backends
             .admin
@@ -105,6 +125,16 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
         else {
             continue;
         };
+        let envelope = Envelope {
+            id: d.msg_id.clone(),
+            handler: d.plugin.clone(),
+            headers: d.headers.clone(),
+            payload: d.payload.clone(),
+        };
+        if let Err(why) = backends.broker.republishable(&envelope) {
+            out.kept.push(Kept { id: d.id, why });
+            continue;
+        }
         let claim_revived = backends
             .admin
             .revive(
@@ -115,12 +145,6 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
             )
             .await
             .with_context(|| format!("dead letter {}: cannot reset its claim", d.id))?;
-        let envelope = Envelope {
-            id: d.msg_id.clone(),
-            handler: d.plugin.clone(),
-            headers: d.headers.clone(),
-            payload: d.payload.clone(),
-        };
         // Released first: the republished message, dead-lettered again
         // before this record is removed, gets a record of its own.
         backends
@@ -134,7 +158,7 @@ pub async fn replay(backends: &Backends, selection: &Selection) -> Result<Vec<Re
             .await
             .with_context(|| format!("dead letter {}: cannot republish message {}", d.id, d.msg_id))?;
         backends.admin.dead_letter_remove(&[d.id]).await?;
-        out.push(Replayed {
+        out.replayed.push(Replayed {
             id: d.id,
             plugin: d.summary.plugin,
             key: d.summary.key,

@@ -321,8 +321,9 @@ async fn dispatch(command: Command, log_format: LogFormat) -> Result<ExitCode> {
         Command::Dlq(DlqCommand::Replay(sel)) => {
             let config = sel.config.load()?;
             let backends = idem_host::backend::open(&config).await?;
-            let replayed = idem_host::dlq::replay(&backends, &sel.selection()).await?;
-            for r in &replayed {
+            let selection = sel.selection();
+            let done = idem_host::dlq::replay(&backends, &selection).await?;
+            for r in &done.replayed {
                 println!(
                     "replayed dead letter {} ({} {}){}",
                     r.id,
@@ -331,8 +332,16 @@ async fn dispatch(command: Command, log_format: LogFormat) -> Result<ExitCode> {
                     if r.claim_revived { "" } else { "; no dead claim to reset" }
                 );
             }
-            eprintln!("{} dead letter(s) republished", replayed.len());
-            Ok(ExitCode::SUCCESS)
+            for k in &done.kept {
+                eprintln!("kept dead letter {}: {}", k.id, k.why);
+            }
+            eprintln!("{} dead letter(s) republished", done.replayed.len());
+            // One named by id and kept is a failure; --all passes over them.
+            Ok(if done.kept.is_empty() || selection.all {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Dlq(DlqCommand::Purge(sel)) => {
             let config = sel.config.load()?;

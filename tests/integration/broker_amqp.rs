@@ -216,11 +216,12 @@ async fn amqp_text_that_is_not_utf8_does_not_stop_the_consumer() {
     .await;
 }
 
-/// A delay queue that will not take a delivery's copy (here: deleted, so
-/// the mandatory copy comes back unroutable) does not strand the delivery:
-/// it is held here for its delay, then requeued, and comes back on the same
-/// connection. Before, it stayed unacked until the connection closed,
-/// RabbitMQ having no visibility timeout.
+/// A delay queue that will not take a delivery's copy (here: declared again
+/// full, at most 0 messages, so RabbitMQ nacks the copy) does not strand
+/// the delivery: it is held here for its delay, then requeued, and comes
+/// back on the same connection (the receipt's epoch is unchanged). Before,
+/// it stayed unacked until the connection closed, RabbitMQ having no
+/// visibility timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_a_delay_queue_refusing_a_copy_does_not_strand_the_delivery() {
     in_amqp_namespace(|ns| async move {
@@ -229,13 +230,33 @@ async fn amqp_a_delay_queue_refusing_a_copy_does_not_strand_the_delivery() {
         let got = fetch_n(&broker, 1, Duration::from_secs(60), "the message").await;
         let conn = brokers::amqp_raw().await;
         let ch = conn.create_channel().await.unwrap();
-        ch.queue_delete(format!("{ns}.retry.1000").as_str().into(), QueueDeleteOptions::default())
+        let delay_queue = format!("{ns}.retry.1000");
+        ch.queue_delete(delay_queue.as_str().into(), QueueDeleteOptions::default())
             .await
             .unwrap();
+        // Idem's arguments for the queue, and a length of 0.
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1000));
+        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(format!("{ns}.queue").into()),
+        );
+        args.insert("x-dead-letter-strategy".into(), AMQPValue::LongString("at-least-once".into()));
+        args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+        args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+        let durable = lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.queue_declare(delay_queue.as_str().into(), durable, args).await.unwrap();
         broker.nack(&got[0].receipt, Duration::from_millis(600)).await.unwrap();
         let back = fetch_until(&broker, 10, Duration::from_secs(60), "the message, requeued").await;
         assert_eq!(ids(&back), vec!["stuck"]);
         assert_eq!(back[0].delivery_count, 2);
+        let epoch = |receipt: &str| receipt.split('.').next().unwrap().to_string();
+        assert_eq!(epoch(&back[0].receipt), epoch(&got[0].receipt), "no reconnect: held, then requeued");
         broker.ack(&receipts(&back)).await.unwrap();
         assert_eq!(broker.pending().await.unwrap(), 0);
         conn.close(200, "OK".into()).await.unwrap();

@@ -53,7 +53,8 @@ async fn nats_foreign_messages_and_bad_headers() {
 
 /// Headers another client wrote that the NATS client library could not
 /// read (a value that is not UTF-8, a name with a space, a line without a
-/// colon; nats-server passes them on as they came) no longer reset the
+/// colon, a status that is not a number, a lone carriage return in a value,
+/// which panicked; nats-server passes them on as they came) no longer reset the
 /// worker's connection: the message arrives with the headers that could be
 /// read, and the message beside it too. Before, each pull that met it
 /// failed the connection, and it came back after every ack wait.
@@ -64,7 +65,8 @@ async fn nats_headers_another_client_wrote_badly_do_not_reset_the_connection() {
         let broker = brokers::nats(&ns, Duration::from_secs(5)).await;
         let url = services::nats();
         let address = url.trim_start_matches("nats://").to_string();
-        let header: &[u8] = b"NATS/1.0\r\nIdem-Id: raw-1\r\nIdem-Handler: h\r\nbad name: x\r\nno colon here\r\nX-Latin: caf\xe9\r\n\r\n";
+        let header: &[u8] =
+            b"NATS/1.0 abc\r\nIdem-Id: raw-1\r\nIdem-Handler: h\r\nbad name: x\r\nno colon here\r\nX-Cr: a\rb\r\nX-Latin: caf\xe9\r\n\r\n";
         let body: &[u8] = b"{}";
         let mut wire = format!(
             "CONNECT {{\"verbose\":false,\"headers\":true,\"protocol\":1}}\r\nHPUB {ns}.queue {} {}\r\n",

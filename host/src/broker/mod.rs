@@ -196,6 +196,12 @@ pub trait Broker: Send + Sync + 'static {
     async fn republish(&self, envelope: &Envelope) -> Result<(), BrokerError> {
         self.publish(std::slice::from_ref(envelope), Duration::ZERO).await
     }
+    /// Whether a dead letter's message can be published again, or why not
+    /// (a replay keeps such a record, before it changes anything). The
+    /// default: always.
+    fn republishable(&self, _envelope: &Envelope) -> Result<(), String> {
+        Ok(())
+    }
     /// Where this broker departs from the plain reading of the methods
     /// above.
     fn semantics(&self) -> Semantics {

@@ -220,17 +220,25 @@ pub async fn replay(State(c): State<Arc<Console>>, body: Bytes) -> Response {
     };
     let selected = selection.ids.len();
     match crate::dlq::replay(&c.backends, &selection).await {
-        Ok(replayed) => {
-            tracing::info!(count = replayed.len(), "console: dead letters replayed");
+        Ok(done) => {
+            tracing::info!(
+                count = done.replayed.len(),
+                kept = done.kept.len(),
+                "console: dead letters replayed"
+            );
             done_page(
                 &c,
                 "Replayed",
                 html! {
-                    p #replayed { (replayed.len()) " dead letter(s) republished." }
-                    (gone(selected, replayed.len()))
-                    ul { @for r in &replayed {
+                    p #replayed { (done.replayed.len()) " dead letter(s) republished." }
+                    (gone(selected, done.replayed.len() + done.kept.len()))
+                    ul { @for r in &done.replayed {
                         li { "#" (r.id) " " (r.plugin) " / " (r.key) ": message " code { (r.msg_id) } @if !r.claim_revived { " (no dead claim to reset)" } }
                     } }
+                    @if !done.kept.is_empty() {
+                        p #kept { (done.kept.len()) " kept, not republished:" }
+                        ul { @for k in &done.kept { li { a href=(format!("/console/dead/{}", k.id)) { "#" (k.id) } ": " (k.why) } } }
+                    }
                 },
             )
         }

@@ -29,9 +29,13 @@ pub struct Footprint {
     pub memories: u32,
     /// Tables defined by its modules.
     pub tables: u32,
-    /// The largest starting size of a memory it defines, in bytes: what an
-    /// instance needs of `limits.memory_bytes` before it runs.
+    /// The starting sizes of the memories it defines, added up, in bytes:
+    /// what an instance needs of `limits.memory_bytes` (one budget for all
+    /// its memories) before it runs.
     pub starting_memory: u64,
+    /// The largest of those starting sizes: what one memory needs of the
+    /// pool's slot.
+    pub largest_memory: u64,
 }
 
 impl Footprint {
@@ -42,6 +46,7 @@ impl Footprint {
         memories: 2,
         tables: 4,
         starting_memory: 0,
+        largest_memory: 0,
     };
 
     /// Count what a component binary instantiates: core instances made by
@@ -55,6 +60,7 @@ impl Footprint {
             memories: 0,
             tables: 0,
             starting_memory: 0,
+            largest_memory: 0,
         };
         for payload in Parser::new(0).parse_all(component) {
             match payload.context("its sections cannot be read")? {
@@ -69,7 +75,9 @@ impl Footprint {
                     for memory in reader {
                         let memory = memory?;
                         let page = 1u64.checked_shl(memory.page_size_log2.unwrap_or(16)).unwrap_or(u64::MAX);
-                        fp.starting_memory = fp.starting_memory.max(memory.initial.saturating_mul(page));
+                        let bytes = memory.initial.saturating_mul(page);
+                        fp.starting_memory = fp.starting_memory.saturating_add(bytes);
+                        fp.largest_memory = fp.largest_memory.max(bytes);
                         fp.memories += 1;
                     }
                 }
@@ -99,6 +107,7 @@ impl Footprint {
             memories: self.memories.max(other.memories),
             tables: self.tables.max(other.tables),
             starting_memory: self.starting_memory.max(other.starting_memory),
+            largest_memory: self.largest_memory.max(other.largest_memory),
         }
     }
 
@@ -158,7 +167,8 @@ mod tests {
                 core_instances: 1,
                 memories: 2,
                 tables: 1,
-                starting_memory: 1 << 16,
+                starting_memory: 2 << 16,
+                largest_memory: 1 << 16,
             }
         );
         assert!(fp.fits(Footprint::SMALL));
@@ -198,6 +208,7 @@ mod tests {
                 memories: 2,
                 tables: 2,
                 starting_memory: 0,
+                largest_memory: 0,
             },
         );
         let big = Footprint {
@@ -205,6 +216,7 @@ mod tests {
             memories: 1,
             tables: 1,
             starting_memory: 0,
+            largest_memory: 0,
         };
         let capacity = Arc::new(capacity);
         let first = capacity.reserve(big).await;

@@ -303,10 +303,10 @@ impl Runtime {
             anyhow!("plugin {name}: not a valid WebAssembly component ({e:#}); build it with `idem plugin build` or `cargo build --target wasm32-wasip2` against idem-sdk")
         };
         let footprint = Footprint::of(bytes).map_err(invalid)?;
-        if footprint.starting_memory > self.max_memory_bytes {
+        if footprint.largest_memory > self.max_memory_bytes {
             bail!(
-                "plugin {name}: an instance starts with {} bytes of memory, more than the {} this process reserves for one (the largest limits.memory_bytes when it started); raise limits.memory_bytes (plugins.{name}.limits.memory_bytes for this plugin alone) and restart",
-                footprint.starting_memory,
+                "plugin {name}: a memory of an instance starts at {} bytes, more than the {} this process reserves for one (the largest limits.memory_bytes when it started); raise limits.memory_bytes (plugins.{name}.limits.memory_bytes for this plugin alone) and restart",
+                footprint.largest_memory,
                 self.max_memory_bytes
             );
         }
@@ -369,7 +369,7 @@ impl Runtime {
         self.memory_fits(name, limits.memory_bytes)?;
         if footprint.starting_memory > limits.memory_bytes {
             bail!(
-                "plugin {name}: an instance starts with {} bytes of memory, more than its limits.memory_bytes = {}; raise it (plugins.{name}.limits.memory_bytes)",
+                "plugin {name}: an instance's memories start at {} bytes together, more than its limits.memory_bytes = {}; raise it (plugins.{name}.limits.memory_bytes)",
                 footprint.starting_memory,
                 limits.memory_bytes
             );

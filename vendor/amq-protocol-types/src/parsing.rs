@@ -219,9 +219,19 @@ pub fn parse_decimal_value<I: ParsableInput>(i: I) -> ParserResult<I, DecimalVal
 // of one that is not UTF-8 (a producer's message id, header name or content
 // type) failed the whole frame, which lapin treats as fatal to the
 // connection: the message came back first on every reconnect, and no other
-// message of the queue ran. Upstream: `String::from_utf8`.
+// message of the queue ran. A replaced byte takes three, so the text is cut
+// back to a short string's 255 bytes (at a character's boundary), which
+// `ShortString::from` asserts. Upstream: `String::from_utf8`.
 fn make_str<I: Input<Item = u8>>(i: I) -> Result<String, std::string::FromUtf8Error> {
-    Ok(String::from_utf8_lossy(&i.iter_elements().collect::<Vec<u8>>()).into_owned())
+    let mut text = String::from_utf8_lossy(&i.iter_elements().collect::<Vec<u8>>()).into_owned();
+    if text.len() > 255 {
+        let mut end = 255;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    Ok(text)
 }
 
 /// Parse a [ShortString](../type.ShortString.html)

@@ -357,12 +357,10 @@ impl Connection {
                 .split_once(' ')
                 .map(|(status, description)| (status.trim(), description.trim()))
                 .unwrap_or((version_line_suffix, ""));
+            // Idem: a status that does not parse is no status (a
+            // publisher wrote the version line). Upstream: an error.
             let status = if !status.is_empty() {
-                Some(
-                    status
-                        .parse::<StatusCode>()
-                        .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
-                )
+                status.parse::<StatusCode>().ok()
             } else {
                 None
             };
@@ -395,6 +393,12 @@ impl Connection {
                 }
                 value.truncate(value.trim_end().len());
 
+                // Idem: a value holding a carriage return (a lone one
+                // survives `lines`) is skipped, as `HeaderValue::from`
+                // asserts there is none.
+                if value.contains(['\r', '\n']) {
+                    continue;
+                }
                 headers.append(name, value.into_header_value());
             }
 

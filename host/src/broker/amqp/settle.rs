@@ -140,12 +140,13 @@ impl AmqpBroker {
                     multiple: false,
                     requeue: true,
                 };
-                let still_held = held.held().remove(&tag).is_some();
-                if still_held {
-                    if let Err(e) = held.consumer_channel.basic_nack(tag, options).await {
-                        tracing::debug!(error = %e, "requeue after a failed delay copy: the channel is gone, and the server requeued it");
-                    }
+                // Answered first, forgotten after, as everywhere: a
+                // `multiple` ack counts the held tags below its own, and must
+                // not take this one for settled before the nack is sent.
+                if let Err(e) = held.consumer_channel.basic_nack(tag, options).await {
+                    tracing::debug!(error = %e, "requeue after a failed delay copy: the channel is gone, and the server requeued it");
                 }
+                held.held().remove(&tag);
             });
             return Ok(Some(properties));
         }

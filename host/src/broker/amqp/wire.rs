@@ -263,6 +263,19 @@ mod tests {
         assert!(not_before(&again).expect("stamped") < at);
     }
 
+    /// A short string of 128 bytes that are not UTF-8 is read lossily and
+    /// cut to a short string's 255 bytes (each replaced byte takes three:
+    /// uncut, `ShortString::from` panicked on lapin's I/O thread).
+    #[test]
+    fn a_short_string_read_lossily_stays_short() {
+        use lapin::types::parsing::parse_short_string;
+        let mut wire = vec![128u8];
+        wire.extend([0xffu8; 128]);
+        let (rest, text) = parse_short_string(&wire[..]).expect("parsed");
+        assert!(rest.is_empty());
+        assert_eq!(text.as_str(), "\u{fffd}".repeat(85));
+    }
+
     /// A header table nested 20,000 deep (it fits in one frame) is read on a
     /// 2 MiB stack, as lapin's I/O thread has, its depth cut at 32 levels.
     /// Before, the parse recursed once a level and overflowed the stack,

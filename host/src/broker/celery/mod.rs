@@ -218,12 +218,7 @@ impl Broker for CeleryBroker {
         }
         let mut messages = Vec::with_capacity(envelopes.len());
         for e in envelopes {
-            if e.headers.iter().any(|(name, _)| name == REFUSED_HEADER) {
-                return Err(BrokerError::Unavailable(format!(
-                    "message {:?} is a Celery message Idem refused when it read it, kept as it came: sent again, its whole text would be a task's argument; fix what its dead letter's reason names and send the task again from its producer",
-                    e.id
-                )));
-            }
+            self.republishable(e).map_err(BrokerError::Unavailable)?;
             let task = self.names.get(&e.handler).ok_or_else(|| {
                 BrokerError::Unavailable(format!(
                     "plugin {:?} has no celery_task: set one under [plugins.{}] to publish to it through Celery",
@@ -233,6 +228,16 @@ impl Broker for CeleryBroker {
             messages.push(wire::message(&e.id, task, &e.headers, &e.payload, &self.origin));
         }
         self.transport.publish(&messages, delay).await
+    }
+
+    fn republishable(&self, e: &Envelope) -> Result<(), String> {
+        if e.headers.iter().any(|(name, _)| name == REFUSED_HEADER) {
+            return Err(format!(
+                "message {:?} is a Celery message Idem refused when it read it, kept as it came: sent again, its whole text would be a task's argument; fix what its dead letter's reason names and send the task again from its producer",
+                e.id
+            ));
+        }
+        Ok(())
     }
 
     async fn fetch(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, BrokerError> {
