@@ -40,41 +40,41 @@ const ACTIVITY_TTL_SECS: i64 = 24 * 3600;
 
 impl RedisClaims {
     pub(super) async fn dead_letters_in_full(&self, limit: i64) -> Result<Vec<DeadLetter>, ClaimError> {
-        let mut conn = self.conn.clone();
-        let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, list_stop(limit)).await?;
-        let mut out = Vec::with_capacity(ids.len());
-        // One round trip per 100 records.
-        for chunk in ids.chunks(100) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.hgetall(format!("{}{id}", self.dead_prefix()));
-            }
-            let records: Vec<DeadFields> = pipe.query_async(&mut conn).await?;
-            out.extend(chunk.iter().zip(&records).filter_map(|(id, m)| dead_letter_from(*id, m)));
-        }
-        Ok(out)
+        let hashes = self.dead_letter_hashes(limit, None).await?;
+        Ok(hashes.iter().filter_map(|(id, m)| dead_letter_from(*id, m)).collect())
     }
 
     pub(super) async fn dead_letters_in_brief(&self, limit: i64) -> Result<Vec<DeadLetterSummary>, ClaimError> {
+        let hashes = self.dead_letter_hashes(limit, Some(&SUMMARY_FIELDS)).await?;
+        Ok(hashes.iter().filter_map(|(id, m)| summary_from(*id, m)).collect())
+    }
+
+    /// The hashes of the newest `limit` dead letters (of those still there),
+    /// with every field or only `fields`; one round trip per 100 records.
+    async fn dead_letter_hashes(&self, limit: i64, fields: Option<&[&str]>) -> Result<Vec<(i64, DeadFields)>, ClaimError> {
         let mut conn = self.conn.clone();
         let ids: Vec<i64> = conn.lrange(self.dead_ids(), 0, list_stop(limit)).await?;
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(100) {
             let mut pipe = redis::pipe();
             for id in chunk {
-                pipe.cmd("HMGET")
-                    .arg(format!("{}{id}", self.dead_prefix()))
-                    .arg(&SUMMARY_FIELDS[..]);
+                let key = format!("{}{id}", self.dead_prefix());
+                match fields {
+                    None => pipe.hgetall(key),
+                    Some(fields) => pipe.cmd("HMGET").arg(key).arg(fields),
+                };
             }
-            let records: Vec<Vec<Option<Vec<u8>>>> = pipe.query_async(&mut conn).await?;
-            out.extend(chunk.iter().zip(records).filter_map(|(id, values)| {
-                let m: DeadFields = SUMMARY_FIELDS
-                    .iter()
-                    .zip(values)
-                    .filter_map(|(f, v)| Some((f.to_string(), v?)))
-                    .collect();
-                summary_from(*id, &m)
-            }));
+            let hashes: Vec<DeadFields> = match fields {
+                None => pipe.query_async(&mut conn).await?,
+                Some(fields) => {
+                    let values: Vec<Vec<Option<Vec<u8>>>> = pipe.query_async(&mut conn).await?;
+                    values
+                        .into_iter()
+                        .map(|v| fields.iter().zip(v).filter_map(|(f, v)| Some((f.to_string(), v?))).collect())
+                        .collect()
+                }
+            };
+            out.extend(chunk.iter().copied().zip(hashes));
         }
         Ok(out)
     }
