@@ -8,6 +8,7 @@ use clap::Args;
 use idem_host::config::Config;
 
 pub mod alloc;
+pub mod dlq;
 pub mod logging;
 pub mod plugin;
 
