@@ -382,6 +382,71 @@ pub async fn unclaimed_dead_letter_conformance(b: &Backends) {
     assert_eq!(conflicts.iter().filter(|d| d.key == "reused").count(), 1, "{conflicts:?}");
 }
 
+/// A failure's text with a NUL in it (a handler's own words, an endpoint's
+/// error body, a broker's refusal) is kept by every claim store, escaped as
+/// `\0`: Postgres refuses a NUL in text, and with it the release or dead
+/// letter, which left the claim running until its lease ran out.
+pub async fn failure_text_conformance(b: &Backends) {
+    let (claims, admin) = (&b.claims, &b.admin);
+    let now = idem_host::now_ms();
+    let hash = payload_hash(b"n");
+    let out = claims.claim(&[request("nul-text", &hash, b"n", 5)], now).await.unwrap();
+    let ClaimOutcome::Acquired { fence, .. } = out[0] else {
+        panic!("{out:?}")
+    };
+    let claim = ClaimRef {
+        plugin: "p".into(),
+        key: "nul-text".into(),
+        fence,
+    };
+    assert!(claims.release(&claim, now, "endpoint said a\0b", false, now).await.unwrap());
+    let info = admin.claim("p", "nul-text").await.unwrap().expect("the released claim");
+    assert_eq!(info.state, ClaimState::Retry);
+    assert_eq!(info.last_error.as_deref(), Some("endpoint said a\\0b"));
+
+    let out = claims.claim(&[request("nul-text", &hash, b"n", 5)], now + 1).await.unwrap();
+    let ClaimOutcome::Acquired { fence, .. } = out[0] else {
+        panic!("{out:?}")
+    };
+    let letters = [
+        DeadLetterRequest {
+            plugin: "p",
+            key: "nul-text",
+            msg_id: "nul-text",
+            headers: &[],
+            payload: b"n",
+            reason: "permanent error: c\0d",
+            fence: Some(fence),
+            plugin_version: Some("v1"),
+            delivery: None,
+        },
+        DeadLetterRequest {
+            plugin: "no-such-handler",
+            key: "nul-refused",
+            msg_id: "nul-refused",
+            headers: &[],
+            payload: b"{",
+            reason: "refused: e\0f",
+            fence: None,
+            plugin_version: None,
+            delivery: Some(delivery_identity("no-such-handler", "nul-refused", "nul-refused", b"{")),
+        },
+    ];
+    assert_eq!(claims.dead_letter(&letters, now + 2).await.unwrap(), vec![true, true]);
+    let mut reasons: Vec<String> = admin
+        .dead_letters(1_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.key.starts_with("nul-"))
+        .map(|d| d.reason.clone())
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons, vec!["permanent error: c\\0d", "refused: e\\0f"]);
+    let info = admin.claim("p", "nul-text").await.unwrap().expect("the retired claim");
+    assert_eq!(info.state, ClaimState::Dead);
+}
+
 /// Results stored with confirmed claims, which duplicates answer with: an
 /// empty result stays apart from none, a stale confirm stores nothing, and
 /// claims not done have none.
@@ -659,6 +724,7 @@ async fn sqlite_claim_store_conforms() {
     results_conformance(&b).await;
     mixed_batch_conformance(&b).await;
     unclaimed_dead_letter_conformance(&b).await;
+    failure_text_conformance(&b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,6 +803,7 @@ async fn postgres_claim_store_conforms() {
     results_conformance(&s.backends).await;
     mixed_batch_conformance(&s.backends).await;
     unclaimed_dead_letter_conformance(&s.backends).await;
+    failure_text_conformance(&s.backends).await;
     s.cleanup().await;
 }
 
@@ -754,6 +821,7 @@ async fn redis_claim_store_with_postgres_data_conforms() {
     results_conformance(&s.backends).await;
     mixed_batch_conformance(&s.backends).await;
     unclaimed_dead_letter_conformance(&s.backends).await;
+    failure_text_conformance(&s.backends).await;
     s.cleanup().await;
 }
 

@@ -113,8 +113,7 @@ impl Writes {
         for p in &mut back.taken {
             p.queued.answered().await;
         }
-        let answered = std::mem::take(&mut back.taken);
-        answer(answered).await
+        answer(std::mem::take(&mut back.taken))
     }
 }
 
@@ -135,10 +134,10 @@ impl Drop for PutBack<'_> {
 
 /// The answer of writes that have all answered; a stale fence outranks an
 /// outage.
-async fn answer(pending: Vec<Pending>) -> Result<(), DataError> {
+fn answer(pending: Vec<Pending>) -> Result<(), DataError> {
     let mut first_error = None;
     for p in pending {
-        match p.queued.wait().await {
+        match p.queued.answer() {
             Ok(_) => {}
             Err(e @ DataError::FenceLost { .. }) => first_error = Some(e),
             Err(e) => {

@@ -23,6 +23,20 @@ pub use admin::{check_key_pointer, ClaimAdmin, ClaimCounts, ClaimInfo, DeadLette
 pub use state::ClaimState;
 pub(crate) use state::{decide, Decision, Stored};
 
+/// A failure's text as every claim store keeps it (releases, dead
+/// letters): a NUL (a handler's own text, an endpoint's error body, a
+/// broker's refusal) escaped as `\0`. Postgres refuses a NUL in text, and
+/// with it the release or dead letter, which would leave the claim running
+/// until its lease ran out and lose the real reason; the other stores keep
+/// the same text so a reason reads alike wherever it is stored.
+pub(crate) fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\\0"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
 /// A claim held by one execution: what every guarded operation presents.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClaimRef {
@@ -214,11 +228,13 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// The results stored with done claims, per `(plugin, key)`; `None`
     /// where there is none (no claim, not done, or no result).
     async fn results(&self, keys: &[(&str, &str)]) -> Result<Vec<Option<Vec<u8>>>, ClaimError>;
-    /// Give a claim back for a retry no earlier than `not_before`.
+    /// Give a claim back for a retry no earlier than `not_before`;
+    /// `error` is kept as [`storable`] makes it.
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError>;
     /// Record dead letters; for claimed messages, only if the fence is
     /// current (`false` otherwise, and nothing is recorded). A claim
-    /// dead-lettered this way is retired: its fence grows by one.
+    /// dead-lettered this way is retired: its fence grows by one. Each
+    /// reason is kept as [`storable`] makes it.
     async fn dead_letter(&self, items: &[DeadLetterRequest<'_>], now: i64) -> Result<Vec<bool>, ClaimError>;
     /// The journaled response of a step, if any.
     async fn journal_get(&self, plugin: &str, key: &str, step: &str) -> Result<Option<JournalEntry>, ClaimError>;

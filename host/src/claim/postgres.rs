@@ -393,12 +393,13 @@ impl ClaimStore for PgClaims {
     }
 
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {
+        let error = super::storable(error);
         let r = sqlx::query(include_str!("../../queries/postgres/claim_release.sql"))
             .bind(&claim.plugin)
             .bind(&claim.key)
             .bind(claim.fence)
             .bind(not_before)
-            .bind(error)
+            .bind(error.as_ref())
             .bind(trapped as i32)
             .bind(now)
             .execute(&self.pool)
@@ -414,13 +415,14 @@ impl ClaimStore for PgClaims {
         order.sort_by_key(|&i| (items[i].plugin, items[i].key));
         for i in order {
             let d = &items[i];
+            let reason = super::storable(d.reason);
             let (attempts, first_seen, version) = match d.fence {
                 Some(fence) => {
                     let row = sqlx::query(include_str!("../../queries/postgres/claim_mark_dead.sql"))
                         .bind(d.plugin)
                         .bind(d.key)
                         .bind(fence)
-                        .bind(d.reason)
+                        .bind(reason.as_ref())
                         .bind(now)
                         .fetch_optional(&mut *tx)
                         .await?;
@@ -442,7 +444,7 @@ impl ClaimStore for PgClaims {
                 d.msg_id,
                 d.headers,
                 d.payload,
-                d.reason,
+                &reason,
                 attempts,
                 version.as_deref(),
                 first_seen,

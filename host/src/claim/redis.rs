@@ -242,7 +242,7 @@ impl ClaimStore for RedisClaims {
             .key(self.claim_key(&claim.plugin, &claim.key))
             .arg(claim.fence)
             .arg(not_before)
-            .arg(error)
+            .arg(super::storable(error).as_ref())
             .arg(trapped as i64)
             .arg(now)
             .invoke_async(&mut conn)
@@ -267,7 +267,7 @@ impl ClaimStore for RedisClaims {
                 .arg(d.msg_id)
                 .arg(serde_json::to_string(d.headers).unwrap_or_else(|_| "[]".into()))
                 .arg(d.payload)
-                .arg(d.reason)
+                .arg(super::storable(d.reason).as_ref())
                 .arg(d.plugin_version.unwrap_or(""))
                 .arg(now)
                 .arg(self.dead_prefix())
@@ -361,7 +361,7 @@ impl ClaimAdmin for RedisClaims {
         let mut conn = self.conn.clone();
         let map: std::collections::HashMap<String, i64> = conn.hgetall(self.counts_key()).await?;
         let mut counts = ClaimCounts {
-            dead_letters: conn.llen(self.dead_ids()).await?,
+            dead_letters: self.dead_letter_count().await?,
             journal: map.get("journal").copied().unwrap_or(0).max(0) as u64,
             ..ClaimCounts::default()
         };

@@ -267,12 +267,13 @@ impl ClaimStore for SqliteClaims {
     }
 
     async fn release(&self, claim: &ClaimRef, not_before: i64, error: &str, trapped: bool, now: i64) -> Result<bool, ClaimError> {
+        let error = super::storable(error);
         let r = sqlx::query(include_str!("../../queries/sqlite/claim_release.sql"))
             .bind(&claim.plugin)
             .bind(&claim.key)
             .bind(claim.fence)
             .bind(not_before)
-            .bind(error)
+            .bind(error.as_ref())
             .bind(trapped as i64)
             .bind(now)
             .execute(&self.pool)
@@ -284,13 +285,14 @@ impl ClaimStore for SqliteClaims {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut out = Vec::with_capacity(items.len());
         for d in items {
+            let reason = super::storable(d.reason);
             let (attempts, first_seen, version) = match d.fence {
                 Some(fence) => {
                     let row = sqlx::query(include_str!("../../queries/sqlite/claim_mark_dead.sql"))
                         .bind(d.plugin)
                         .bind(d.key)
                         .bind(fence)
-                        .bind(d.reason)
+                        .bind(reason.as_ref())
                         .bind(now)
                         .fetch_optional(&mut *tx)
                         .await?;
@@ -315,7 +317,7 @@ impl ClaimStore for SqliteClaims {
                 d.msg_id,
                 d.headers,
                 d.payload,
-                d.reason,
+                &reason,
                 attempts,
                 version.as_deref(),
                 first_seen,

@@ -138,9 +138,15 @@ impl Queued {
     /// Wait until the write has committed or failed.
     pub async fn wait(mut self) -> Result<Written, DataError> {
         self.answered().await;
+        self.answer()
+    }
+
+    /// The answer of a write [`Queued::answered`] has waited for; one not
+    /// waited for that is still pending reads as not committed.
+    pub fn answer(self) -> Result<Written, DataError> {
         match self.0 {
             QueuedState::Done(r) => r,
-            QueuedState::Waiting(_) => unreachable!("answered"),
+            QueuedState::Waiting(_) => Err(DataError::Unavailable("a queued write was read before it answered".into())),
         }
     }
 

@@ -49,7 +49,7 @@ pub(super) enum Settlement {
 pub(super) fn settlement(outcome: Outcome, attempt: u32, traps: u32, policy: &RetryConfig, now: i64, unit: f64) -> Settlement {
     let (reason, trapped) = match outcome {
         Outcome::Done(result) => return Settlement::Confirm(result),
-        Outcome::Permanent(reason) => return Settlement::DeadLetter(format!("permanent error: {}", storable(reason))),
+        Outcome::Permanent(reason) => return Settlement::DeadLetter(format!("permanent error: {reason}")),
         Outcome::FenceLost => return Settlement::HandBack,
         Outcome::Crashed => return Settlement::Abandon,
         Outcome::Transient(reason) => (reason, false),
@@ -58,7 +58,6 @@ pub(super) fn settlement(outcome: Outcome, attempt: u32, traps: u32, policy: &Re
         // without counting a trap.
         Outcome::HostError(reason) => (reason, false),
     };
-    let reason = storable(reason);
     if attempt >= policy.max_attempts {
         return Settlement::DeadLetter(format!("attempts exhausted ({attempt} of {}): {reason}", policy.max_attempts));
     }
@@ -72,18 +71,6 @@ pub(super) fn settlement(outcome: Outcome, attempt: u32, traps: u32, policy: &Re
         not_before: now + delay.as_millis() as i64,
         reason,
         trapped,
-    }
-}
-
-/// A failure's text as the claim store keeps it: a NUL (a handler's own
-/// text, an endpoint's error body) escaped as `\0`, as Postgres refuses it
-/// in text (and with it the release or dead letter, which left the claim
-/// running until its lease ran out, the real reason lost).
-fn storable(reason: String) -> String {
-    if reason.contains('\0') {
-        reason.replace('\0', "\\0")
-    } else {
-        reason
     }
 }
 
@@ -320,19 +307,6 @@ mod tests {
         assert_eq!(
             settle(Outcome::Permanent("bad card".into()), 1, 0),
             Settlement::DeadLetter("permanent error: bad card".into())
-        );
-    }
-
-    #[test]
-    fn a_nul_in_a_failure_is_escaped_for_the_claim_store() {
-        assert_eq!(
-            settle(Outcome::Permanent("bad\0card".into()), 1, 0),
-            Settlement::DeadLetter("permanent error: bad\\0card".into())
-        );
-        assert!(matches!(settle(Outcome::Transient("a\0b".into()), 1, 0), Settlement::Retry { reason, .. } if reason == "a\\0b"));
-        assert_eq!(
-            settle(Outcome::Trapped("x\0".into()), 1, 1),
-            Settlement::DeadLetter("trapped 2 times (retry.max_traps = 2): x\\0".into())
         );
     }
 
