@@ -105,6 +105,59 @@ async fn endless_host_calls_are_stopped_by_the_timeout() {
     pool.stop().await.unwrap();
 }
 
+/// A component whose start function never returns: its core module's
+/// `start` runs while the instance is made, before `handle` is called.
+const SPIN_AT_START: &str = r#"
+(component
+  (core module $m
+    (memory (export "memory") 1)
+    (func $spin (loop $forever (br $forever)))
+    (start $spin)
+    (func (export "handle") (param i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32) unreachable)
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32) unreachable))
+  (core instance $i (instantiate $m))
+  (type $message' (record
+    (field "id" string)
+    (field "key" string)
+    (field "attempt" u32)
+    (field "headers" (list (tuple string string)))
+    (field "payload" (list u8))))
+  (export $message "message" (type $message'))
+  (type $error' (variant (case "transient" string) (case "permanent" string)))
+  (export $error "handler-error" (type $error'))
+  (func $handle (param "msg" $message) (result (result (option (list u8)) (error $error)))
+    (canon lift (core func $i "handle") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (export "handle" (func $handle)))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_function_that_never_returns_is_stopped_by_the_timeout() {
+    let mut env = Env::new().await;
+    let path = env.dir.path().join("spin_at_start.wasm");
+    std::fs::write(&path, wat::parse_str(SPIN_AT_START).expect("the fixture is valid text")).unwrap();
+    let mut spin = plugin("hostile.wasm", &[], &[], None);
+    spin.path = path;
+    env.config.plugins.insert("spin-at-start".to_string(), spin);
+    // The CPU budget far above the timeout: only the timeout can stop it
+    // in time, and only if it covers making the instance.
+    env.config.limits.cpu_ms = 60_000;
+    env.config.limits.timeout_ms = 200;
+    env.config.retry.max_traps = 1;
+    env.config.retry.max_attempts = 1;
+    let pool = env.start().await;
+    pool.backends
+        .broker
+        .publish(&[envelope("spin-at-start-1", "spin-at-start", json!({}))], Duration::ZERO)
+        .await
+        .unwrap();
+    drain(&pool).await;
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].reason.contains("limits.timeout_ms = 200"), "{}", letters[0].reason);
+    assert_eq!(pool.counters.snapshot().traps, 1);
+    pool.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_bomb_hits_the_memory_limit() {
     let (reason, c) = attack("memory").await;
