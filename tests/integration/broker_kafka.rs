@@ -307,6 +307,29 @@ async fn kafka_records_from_other_producers() {
             (format!("{topic}-0-3").as_str(), None)
         );
         b.ack(&receipts(&got)).await.unwrap();
+
+        // Thousands of empty headers (a record waiting behind its key is
+        // held in memory with them): kept only up to the bound, and the
+        // record refused for them.
+        let mut many = handled(None);
+        for _ in 0..5_000 {
+            many = many.insert(Header::<&str> { key: "h", value: None });
+        }
+        let record = FutureRecord::to(&topic)
+            .key("u3")
+            .payload(r#"{"user":"u3","balance":1}"#)
+            .headers(many);
+        producer.send(record, Duration::from_secs(10)).await.unwrap();
+        let got = brokers::fetch_n(&b, 1, Duration::from_secs(30), "the record of 5,000 headers").await;
+        let refused = got[0].refused.as_deref().unwrap_or_default();
+        assert!(
+            refused.contains("headers take") && refused.contains("carry large data in the payload"),
+            "{refused:?}"
+        );
+        let kept: usize = got[0].envelope.headers.iter().map(idem_host::envelope::header_cost).sum();
+        assert!(kept <= idem_host::envelope::MAX_HEADER_BYTES, "{kept}");
+        assert!(got[0].envelope.headers.len() < 5_000);
+        b.ack(&receipts(&got)).await.unwrap();
     })
     .await;
 }

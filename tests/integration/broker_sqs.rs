@@ -217,6 +217,40 @@ async fn sqs_messages_from_other_producers() {
         let refused = got[1].refused.as_deref().unwrap();
         assert!(refused.contains("Idem-Handler"), "{refused}");
         b.ack(&brokers::receipts(&got)).await.unwrap();
+
+        // Stamps at the end of time, in microseconds, or not a time at
+        // all: refused at once, naming the attribute (before, each was
+        // deferred at every receive until SQS deleted it).
+        let micros = (idem_host::now_ms() * 1_000).to_string();
+        for stamp in [i64::MAX.to_string(), micros, "soon".to_string()] {
+            client
+                .send_message()
+                .queue_url(&url)
+                .message_body(r#"{"user":"u2","balance":1}"#)
+                .message_attributes("Idem-Handler", attr("grant-credits"))
+                .message_attributes("Idem-Not-Before", attr(&stamp))
+                .send()
+                .await
+                .unwrap();
+        }
+        let got = brokers::fetch_n(&b, 3, Duration::from_secs(30), "the three stamped messages").await;
+        for d in &got {
+            let refused = d.refused.as_deref().unwrap_or_default();
+            assert!(
+                refused.contains("Idem-Not-Before") && refused.contains("unix milliseconds"),
+                "{refused:?}"
+            );
+        }
+        b.ack(&brokers::receipts(&got)).await.unwrap();
+
+        // A delay past what the queue keeps a message (4 days here) is
+        // refused when published.
+        let err = b
+            .publish(&[brokers::envelope("late")], Duration::from_secs(5 * 24 * 3600))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("MessageRetentionPeriod"), "{err}");
     })
     .await;
 }

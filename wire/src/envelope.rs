@@ -76,6 +76,21 @@ pub fn idempotency_key(namespace: &str, endpoint: &str, plugin: &str, key: &str,
     hex::encode(&h.finalize()[..16])
 }
 
+/// Most bytes a message's headers may take, names and values together,
+/// each header counted [`HEADER_OVERHEAD`] bytes more: they go to the
+/// handler, into the claim and into a dead letter with it. A broker that
+/// holds records before the worker sees them stops keeping headers past it.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// What one header costs beyond its name and value (about what it takes in
+/// memory), so a million empty headers are not free.
+pub const HEADER_OVERHEAD: usize = 32;
+
+/// A header's size as [`MAX_HEADER_BYTES`] counts it.
+pub fn header_cost((name, value): &(String, String)) -> usize {
+    name.len() + value.len() + HEADER_OVERHEAD
+}
+
 /// Longest idempotency key or message id, in bytes. A key is part of the
 /// claims' primary key (Postgres refuses index entries much over 2 KB) and
 /// is sent to endpoints in the `Idem-Message-Key` header.

@@ -2,22 +2,8 @@
 //! missing or unknown handler, an oversized payload, a bad message id or
 //! key. The error is the dead letter's reason, saying what to do.
 
-use crate::envelope::{check_key, derive_key, printable, Delivery};
+use crate::envelope::{check_key, derive_key, header_cost, printable, Delivery, HEADER_OVERHEAD, MAX_HEADER_BYTES};
 use crate::plugin::PluginInfo;
-
-/// Most bytes a message's headers may take, names and values together,
-/// each header counted [`HEADER_OVERHEAD`] bytes more: they go to the
-/// handler, into the claim and into a dead letter with it.
-pub const MAX_HEADER_BYTES: usize = 64 << 10;
-
-/// What one header costs beyond its name and value (about what it takes in
-/// memory), so a million empty headers are not free.
-pub const HEADER_OVERHEAD: usize = 32;
-
-/// A header's size as [`MAX_HEADER_BYTES`] counts it.
-fn header_cost((name, value): &(String, String)) -> usize {
-    name.len() + value.len() + HEADER_OVERHEAD
-}
 
 /// The headers a dead letter keeps: the first ones that fit in
 /// [`MAX_HEADER_BYTES`] (all of them, unless the message was refused for

@@ -23,8 +23,9 @@ use super::wire;
 /// Records read and not yet handed out: above this, the partitions are
 /// paused.
 const BUFFER: usize = 2_000;
-/// Their payloads' bytes: above this too (records of a megabyte would
-/// otherwise fill 2 GB before the count paused them).
+/// Their bytes (payloads, headers, keys; `Record::bytes`): above this too
+/// (records of a megabyte would otherwise fill 2 GB before the count
+/// paused them).
 const BUFFER_BYTES: usize = 64 << 20;
 
 /// Whether the read-ahead is full: paused at a limit, resumed under half

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::commit::encode;
 pub(super) use super::commit::{Commit, Seed};
 use crate::config::KafkaOrdering;
-use crate::envelope::{Delivery, Envelope};
+use crate::envelope::{header_cost, Delivery, Envelope};
 
 /// A record read from a partition, as the worker will see it.
 #[derive(Debug, Clone)]
@@ -61,10 +61,21 @@ struct Slot {
     deliveries: u32,
 }
 
+impl Record {
+    /// What it holds in memory, as the read-ahead counts it: the payload,
+    /// the headers (each as [`header_cost`] counts it), the id, the handler
+    /// and the key (kept twice: here and in its partition's index by key).
+    pub(super) fn bytes(&self) -> usize {
+        let e = &self.envelope;
+        let headers: usize = e.headers.iter().map(header_cost).sum();
+        e.payload.len() + headers + e.id.len() + e.handler.len() + 2 * self.key.as_ref().map_or(0, Vec::len)
+    }
+}
+
 impl Slot {
     /// What its record holds in memory, as the read-ahead counts it.
     fn bytes(&self) -> usize {
-        self.record.envelope.payload.len()
+        self.record.bytes()
     }
 }
 
@@ -299,7 +310,7 @@ impl Track {
             part.by_key.entry(key.clone()).or_default().insert(offset);
         }
         self.buffered += 1;
-        self.buffered_bytes += record.envelope.payload.len();
+        self.buffered_bytes += record.bytes();
         part.open.insert(
             offset,
             Slot {

@@ -103,7 +103,7 @@ fn an_earlier_deliverys_receipt_does_nothing() {
 fn a_revoked_partition_commits_only_what_is_settled_and_ignores_late_receipts() {
     let mut t = track(KafkaOrdering::None, &[None, None, None, None]);
     let d = t.take(2, 0);
-    assert_eq!(t.buffered(), (2, 0));
+    assert_eq!(t.buffered(), (2, 4), "each record's id and handler");
     t.settle(&d[0].receipt).unwrap();
     t.revoke_begin(&[p0()]);
     assert_eq!(t.buffered(), (0, 0), "what the worker has not taken is dropped");
@@ -223,23 +223,39 @@ fn receipts_round_trip_topics_with_dots_and_dashes() {
 
 /// The read-ahead counts its records' bytes as well as their number: a
 /// record the worker holds counts nothing; one given back, or read and not
-/// taken, counts its payload; a revocation drops what it drops.
+/// taken, counts what it holds; a revocation drops what it drops.
 #[test]
 fn the_read_ahead_counts_the_bytes_it_holds() {
     let mut t = Track::new(KafkaOrdering::None);
     t.assign(vec![(p0(), Seed::default())]);
+    // Each record's id and handler ("m", "h") count 2 bytes.
     for (i, size) in [1 << 20, 1 << 20, 5].into_iter().enumerate() {
         let mut r = rec(None);
         r.envelope.payload = vec![0; size];
         assert!(t.insert(&p0(), 10 + i as i64, r));
     }
-    assert_eq!(t.buffered(), (3, (2 << 20) + 5));
+    assert_eq!(t.buffered(), (3, (2 << 20) + 5 + 6));
     let d = t.take(2, 0);
-    assert_eq!(t.buffered(), (1, 5), "taken: held by the worker, not read ahead");
+    assert_eq!(t.buffered(), (1, 5 + 2), "taken: held by the worker, not read ahead");
     t.give_back(&d[0].receipt, 100).unwrap();
-    assert_eq!(t.buffered(), (2, (1 << 20) + 5));
+    assert_eq!(t.buffered(), (2, (1 << 20) + 5 + 4));
     t.settle(&d[1].receipt).unwrap();
-    assert_eq!(t.buffered(), (2, (1 << 20) + 5));
+    assert_eq!(t.buffered(), (2, (1 << 20) + 5 + 4));
     t.revoke_begin(&[p0()]);
     assert_eq!(t.buffered(), (0, 0));
+}
+
+/// Records of an empty payload still hold their headers and key: those
+/// count too (before, a record of a megabyte key or of thousands of
+/// headers counted nothing, and the read-ahead paused only at its count).
+#[test]
+fn the_read_ahead_counts_headers_and_keys() {
+    let mut t = Track::new(KafkaOrdering::Key);
+    t.assign(vec![(p0(), Seed::default())]);
+    let mut r = rec(Some("k"));
+    r.key = Some(vec![b'k'; 1 << 20]);
+    r.envelope.headers = vec![(String::new(), String::new()); 1_000];
+    assert!(t.insert(&p0(), 10, r));
+    let header_bytes = 1_000 * crate::envelope::HEADER_OVERHEAD;
+    assert_eq!(t.buffered(), (1, 2 + header_bytes + 2 * (1 << 20)));
 }

@@ -23,7 +23,7 @@ use rdkafka::Message;
 
 use super::track::Record;
 use crate::broker::BrokerError;
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, HEADER_OVERHEAD, MAX_HEADER_BYTES};
 
 pub(super) const ID: &str = "Idem-Id";
 pub(super) const HANDLER: &str = "Idem-Handler";
@@ -124,19 +124,39 @@ fn read(m: &BorrowedMessage<'_>) -> Record {
     let mut not_before = None;
     let mut headers = Vec::new();
     let mut refused = None;
+    // What the headers kept cost, and how many there were past the bound:
+    // a record's headers are kept only up to MAX_HEADER_BYTES (a record
+    // waiting behind its key's earlier ones is held in memory, headers and
+    // all), and one whose headers pass it is refused.
+    let (mut kept, mut over) = (0usize, 0usize);
     if let Some(hs) = m.headers() {
         for h in hs.iter() {
-            let value = h.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+            let value = || h.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
             match h.key {
-                ID => id = Some(value),
-                HANDLER => handler = Some(value),
-                NOT_BEFORE => match due(&value, crate::now_ms()) {
+                ID => id = Some(value()),
+                HANDLER => handler = Some(value()),
+                NOT_BEFORE => match due(&value(), crate::now_ms()) {
                     Ok(at) => not_before = Some(at),
                     Err(why) => refused = Some(why),
                 },
-                name => headers.push((name.to_string(), value)),
+                name => {
+                    let cost = name.len() + h.value.map_or(0, <[u8]>::len) + HEADER_OVERHEAD;
+                    if kept + cost <= MAX_HEADER_BYTES {
+                        kept += cost;
+                        headers.push((name.to_string(), value()));
+                    } else {
+                        over += cost;
+                    }
+                }
             }
         }
+    }
+    if over > 0 {
+        refused = Some(format!(
+            "Kafka record's headers take {} bytes ({} kept; each counted {HEADER_OVERHEAD} bytes more than its name and value), over the limit of {MAX_HEADER_BYTES} bytes; carry large data in the payload",
+            kept + over,
+            headers.len()
+        ));
     }
     let id = id
         .filter(|id| !id.is_empty())

@@ -15,7 +15,14 @@ use super::SqsOptions;
 pub(super) struct QueueInfo {
     pub url: String,
     pub fifo: bool,
+    /// `MessageRetentionPeriod`, in ms: how long SQS keeps a message,
+    /// due or not.
+    pub retention_ms: i64,
 }
+
+/// SQS's default `MessageRetentionPeriod` (4 days), for a server that does
+/// not say.
+const DEFAULT_RETENTION_SECS: i64 = 345_600;
 
 /// The region used when neither the configuration nor the environment
 /// names one and the endpoint is not AWS's (a local SQS-compatible server).
@@ -84,7 +91,16 @@ pub(super) async fn queue(client: &Client, options: &SqsOptions) -> Result<Queue
     if let Some(policy) = attrs.get(&QueueAttributeName::RedrivePolicy) {
         check_redrive(policy, options.max_attempts, queue)?;
     }
-    Ok(QueueInfo { url, fifo })
+    let retention_secs = attrs
+        .get(&QueueAttributeName::MessageRetentionPeriod)
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|&secs| secs > 0)
+        .unwrap_or(DEFAULT_RETENTION_SECS);
+    Ok(QueueInfo {
+        url,
+        fifo,
+        retention_ms: retention_secs.saturating_mul(1000),
+    })
 }
 
 /// Refuse a redrive policy whose `maxReceiveCount` could move a message to

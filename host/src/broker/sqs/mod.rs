@@ -23,7 +23,10 @@
 //!   has no per-message delay), travel as `Idem-Not-Before`, and a fetch
 //!   that meets such a message early makes it invisible for the time left;
 //!   each early meeting is a receive ([`Semantics::early_fetches_count`] on
-//!   FIFO queues).
+//!   FIFO queues). A delay is at most the queue's retention less an hour:
+//!   longer ones are refused, and so are stamps further ahead when read.
+//! - No visibility reaches past 12 hours from its receive (SQS refuses
+//!   it): retries, extensions and deferrals are cut to what is left.
 //! - FIFO queues: `MessageGroupId` is the value at `broker.group_pointer`
 //!   in the payload, else at the plugin's `key_pointer`, else the message
 //!   id; `MessageDeduplicationId` is the message id, so SQS drops a second
@@ -57,16 +60,14 @@ use aws_sdk_sqs::Client;
 use futures::future::try_join_all;
 
 use self::track::{Receipt, Track};
-use self::wire::{check_entries, unavailable};
+use self::wire::{check_entries, max_delay_ms, secs, unavailable};
 use super::{Broker, BrokerError, Semantics, Visibility};
 use crate::envelope::{Delivery, Envelope};
 use crate::now_ms;
 
-/// SQS's limits: entries per batch call, the longest `DelaySeconds`, the
-/// longest visibility.
+/// SQS's limits: entries per batch call, the longest `DelaySeconds`.
 const BATCH: usize = 10;
 const MAX_DELAY_SECS: u64 = 900;
-const MAX_VISIBILITY_SECS: u64 = 43_200;
 /// The most payload bytes put in one `SendMessageBatch` (SQS takes 1 MiB
 /// a call, attributes included).
 const BATCH_BYTES: usize = 768 << 10;
@@ -96,6 +97,9 @@ pub struct SqsBroker {
     client: Client,
     url: String,
     fifo: bool,
+    /// The longest delay a publish may ask for and a read stamp may carry
+    /// ([`max_delay_ms`] of the queue's retention).
+    max_delay_ms: i64,
     options: SqsOptions,
     track: Mutex<Track>,
 }
@@ -110,6 +114,7 @@ impl SqsBroker {
             client,
             url: queue.url,
             fifo: queue.fifo,
+            max_delay_ms: max_delay_ms(queue.retention_ms),
             options,
             track: Mutex::new(Track::default()),
         })
@@ -245,7 +250,10 @@ impl SqsBroker {
             (t.is_stale(&r), t.settled(r.seq, true))
         };
         if !stale {
-            self.change_visibility(&[r.handle], secs(delay), "cannot give a delivery back")
+            // At most what SQS allows from the receive: a retry due later
+            // comes back early, and its claim holds it until then.
+            let visibility = secs(delay).min(r.visibility_left(now_ms()));
+            self.change_visibility(&[r.handle], visibility, "cannot give a delivery back")
                 .await?;
         }
         let behind: Vec<Receipt<'_>> = behind.iter().filter_map(|b| Receipt::parse(b)).collect();
@@ -306,7 +314,13 @@ impl SqsBroker {
     /// The batch entry publishing `e`, with a dedupe id (FIFO) of `dedupe`.
     fn entry(&self, e: &Envelope, delay: Duration, dedupe: &str) -> Result<(String, SendMessageBatchRequestEntryBuilder), BrokerError> {
         let delay_secs = delay.as_millis().div_ceil(1000) as u64;
-        let not_before = (!delay.is_zero() && (self.fifo || delay_secs > MAX_DELAY_SECS)).then(|| crate::broker::due_at(now_ms(), delay));
+        let stamp = crate::broker::stamp(
+            now_ms(),
+            delay,
+            self.max_delay_ms,
+            "this queue holds a message for (its MessageRetentionPeriod less an hour: SQS deletes a message once that has passed)",
+        )?;
+        let not_before = stamp.filter(|_| self.fifo || delay_secs > MAX_DELAY_SECS);
         let mut b = SendMessageBatchRequestEntry::builder()
             .message_body(wire::body(&e.payload))
             .set_message_attributes(Some(wire::attributes(e, not_before)?));
@@ -376,11 +390,16 @@ impl Broker for SqsBroker {
                     continue;
                 };
                 let group = if self.fifo { Some(wire::group(&m)) } else { None };
-                if let Some(due) = wire::not_before(&m).filter(|&due| due > now) {
-                    // Not due: invisible for the time left, unanswered to the
-                    // worker (it was never its delivery).
-                    let left = Duration::from_millis((due - now) as u64);
-                    defer.push((handle.to_string(), secs(left)));
+                // A stamp too far ahead, or not a time, is refused (and
+                // dead-lettered) rather than deferred again and again.
+                let stamp = wire::not_before(&m, now, self.max_delay_ms);
+                if let Some(&Ok(due)) = stamp.as_ref().filter(|due| due.as_ref().is_ok_and(|&due| due > now)) {
+                    // Not due: invisible for the time left (at most what SQS
+                    // allows from a receive; it meets a fetch again then),
+                    // unanswered to the worker (it was never its delivery).
+                    let left = Duration::from_millis(due.saturating_sub(now) as u64);
+                    let most = (wire::MAX_VISIBILITY_SECS - track::TOTAL_VISIBILITY_SLACK_SECS) as i32;
+                    defer.push((handle.to_string(), secs(left).min(most)));
                     deferred_groups.extend(group);
                     continue;
                 }
@@ -389,8 +408,9 @@ impl Broker for SqsBroker {
                     release.push(handle.to_string());
                     continue;
                 }
-                let receipt = t.receipt(message_id, handle);
+                let receipt = t.receipt(message_id, handle, now);
                 let (envelope, refused) = wire::envelope(&m);
+                let refused = refused.or(stamp.and_then(Result::err));
                 let d = Delivery {
                     envelope,
                     receipt,
@@ -481,8 +501,16 @@ impl Broker for SqsBroker {
             (current, t.held_receipts())
         };
         let held: Vec<Receipt<'_>> = held.iter().filter_map(|h| Receipt::parse(h)).collect();
-        let handles: Vec<&str> = current.iter().chain(&held).map(|r| r.handle).collect();
-        self.change_visibility(&handles, secs(visibility), "cannot extend deliveries").await
+        // Each at most what SQS allows from its receive; one held that long
+        // already is left to become visible, and its claim answers it.
+        let (asked, now) = (secs(visibility), now_ms());
+        let entries: Vec<(&str, i32)> = current
+            .iter()
+            .chain(&held)
+            .map(|r| (r.handle, asked.min(r.visibility_left(now))))
+            .filter(|&(_, secs)| secs > 0)
+            .collect();
+        self.set_visibility(&entries, "cannot extend deliveries").await
     }
 
     /// Visible, in flight and delayed messages, as SQS approximates them.
@@ -514,25 +542,6 @@ impl Broker for SqsBroker {
     }
 }
 
-/// A duration in SQS's whole seconds, rounded up, at most 12 hours.
-fn secs(d: Duration) -> i32 {
-    (d.as_millis().div_ceil(1000) as u64).min(MAX_VISIBILITY_SECS) as i32
-}
-
 fn parse(receipt: &str) -> Result<Receipt<'_>, BrokerError> {
     Receipt::parse(receipt).ok_or_else(|| BrokerError::Unavailable(format!("SQS: {receipt:?} is not a receipt of this broker")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_are_whole_seconds_rounded_up_and_bounded() {
-        assert_eq!(secs(Duration::ZERO), 0);
-        assert_eq!(secs(Duration::from_millis(1)), 1);
-        assert_eq!(secs(Duration::from_millis(1_000)), 1);
-        assert_eq!(secs(Duration::from_millis(1_001)), 2);
-        assert_eq!(secs(Duration::from_secs(86_400)), 43_200);
-    }
 }

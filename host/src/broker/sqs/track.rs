@@ -16,28 +16,50 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+use super::wire::MAX_VISIBILITY_SECS;
 use crate::envelope::Delivery;
 
 /// Deliveries remembered for stale-receipt detection; the oldest are
 /// forgotten first (their receipts are then treated as current).
 const NEWEST_CAPACITY: usize = 100_000;
 
-/// A receipt as this broker writes it: `<seq> <message id> <handle>`.
+/// A receipt as this broker writes it: `<seq> <received> <message id>
+/// <handle>`, `received` the unix ms at which it was received.
 pub(super) struct Receipt<'a> {
     pub seq: u64,
+    pub received: i64,
     pub message_id: &'a str,
     pub handle: &'a str,
 }
 
 impl<'a> Receipt<'a> {
     pub fn parse(text: &'a str) -> Option<Receipt<'a>> {
-        let mut parts = text.splitn(3, ' ');
+        let mut parts = text.splitn(4, ' ');
         let seq = parts.next()?.parse().ok()?;
+        let received = parts.next()?.parse().ok()?;
         let message_id = parts.next()?;
         let handle = parts.next()?;
-        Some(Receipt { seq, message_id, handle })
+        Some(Receipt {
+            seq,
+            received,
+            message_id,
+            handle,
+        })
+    }
+
+    /// The longest visibility SQS takes for this delivery at `now`: a
+    /// message's visibility may not reach past 12 hours from its receive
+    /// (SQS refuses the change, with the same error code as a stale
+    /// receipt), less [`TOTAL_VISIBILITY_SLACK_SECS`] for the time between
+    /// SQS's receive and this worker's reading of its clock.
+    pub fn visibility_left(&self, now: i64) -> i32 {
+        let elapsed = now.saturating_sub(self.received).max(0) / 1000;
+        (MAX_VISIBILITY_SECS - TOTAL_VISIBILITY_SLACK_SECS - elapsed).clamp(0, MAX_VISIBILITY_SECS) as i32
     }
 }
+
+/// Kept off that bound: the receive is SQS's, the clock the worker's.
+pub(super) const TOTAL_VISIBILITY_SLACK_SECS: i64 = 60;
 
 #[derive(Default)]
 pub(super) struct Track {
@@ -55,8 +77,9 @@ pub(super) struct Track {
 }
 
 impl Track {
-    /// A receipt for a new delivery of `message_id`, now its newest.
-    pub fn receipt(&mut self, message_id: &str, handle: &str) -> String {
+    /// A receipt for a new delivery of `message_id`, received at `now`,
+    /// now its newest.
+    pub fn receipt(&mut self, message_id: &str, handle: &str, now: i64) -> String {
         self.next += 1;
         let seq = self.next;
         if let Some(old) = self.newest.insert(message_id.to_string(), seq) {
@@ -68,7 +91,7 @@ impl Track {
                 self.newest.remove(&id);
             }
         }
-        format!("{seq} {message_id} {handle}")
+        format!("{seq} {now} {message_id} {handle}")
     }
 
     /// Whether a newer delivery of the same message was handed out since.
@@ -173,7 +196,7 @@ mod tests {
     use crate::envelope::Envelope;
 
     fn delivery(track: &mut Track, id: &str) -> (Delivery, u64) {
-        let receipt = track.receipt(id, &format!("handle-{id}"));
+        let receipt = track.receipt(id, &format!("handle-{id}"), 0);
         let seq = Receipt::parse(&receipt).unwrap().seq;
         let envelope = Envelope {
             id: id.into(),
@@ -226,13 +249,30 @@ mod tests {
     #[test]
     fn stale_receipts_are_recognised_until_the_message_is_acked() {
         let mut t = Track::default();
-        let first = t.receipt("m", "h1");
-        let second = t.receipt("m", "h2");
+        let first = t.receipt("m", "h1", 0);
+        let second = t.receipt("m", "h2", 0);
         let (r1, r2) = (Receipt::parse(&first).unwrap(), Receipt::parse(&second).unwrap());
         assert!(t.is_stale(&r1));
         assert!(!t.is_stale(&r2));
         assert_eq!(r2.handle, "h2");
         t.forget(&r2);
         assert!(!t.is_stale(&r1), "forgotten once acked");
+    }
+
+    /// SQS refuses a visibility reaching past 12 hours from the receive:
+    /// what is left shrinks as the delivery is held, and never goes below
+    /// nothing.
+    #[test]
+    fn visibility_is_bounded_by_twelve_hours_from_the_receive() {
+        let mut t = Track::default();
+        let received = 1_765_000_000_000;
+        let text = t.receipt("m", "handle with spaces", received);
+        let r = Receipt::parse(&text).unwrap();
+        assert_eq!((r.received, r.message_id, r.handle), (received, "m", "handle with spaces"));
+        assert_eq!(r.visibility_left(received), 43_140);
+        assert_eq!(r.visibility_left(received + 3_600_000), 39_540, "an hour held");
+        assert_eq!(r.visibility_left(received + 43_200_000), 0, "twelve hours held");
+        assert_eq!(r.visibility_left(received - 5_000), 43_140, "a clock stepped back");
+        assert_eq!(r.visibility_left(i64::MAX), 0);
     }
 }

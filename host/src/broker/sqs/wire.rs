@@ -19,6 +19,7 @@
 //! SQS's `MessageId`; its other `String` attributes are its headers.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
@@ -32,6 +33,10 @@ pub(super) const HANDLER: &str = "Idem-Handler";
 pub(super) const HEADERS: &str = "Idem-Headers";
 pub(super) const BODY: &str = "Idem-Body";
 pub(super) const NOT_BEFORE: &str = "Idem-Not-Before";
+
+/// The longest a message may stay invisible: a visibility asked for, and
+/// its total counted from the message's receive.
+pub(super) const MAX_VISIBILITY_SECS: i64 = 43_200;
 
 /// The longest a group or deduplication id may be.
 const MAX_ID: usize = 128;
@@ -138,10 +143,17 @@ pub(super) fn envelope(m: &Message) -> (Envelope, Option<String>) {
     )
 }
 
-/// `Idem-Not-Before` of a received message.
-pub(super) fn not_before(m: &Message) -> Option<i64> {
-    m.message_attributes()?.get(NOT_BEFORE)?.string_value()?.trim().parse().ok()
+/// `Idem-Not-Before` of a received message: when it is due (`None`
+/// without the attribute), or why it is refused: not a time, or more than
+/// `max_delay_ms` (what the queue keeps a message for, less an hour) after
+/// `now`, where it would be deferred at every receive until SQS deleted it.
+pub(super) fn not_before(m: &Message, now: i64, max_delay_ms: i64) -> Option<Result<i64, String>> {
+    let value = m.message_attributes()?.get(NOT_BEFORE)?.string_value()?;
+    Some(crate::broker::read_not_before(NOT_BEFORE, value, now, max_delay_ms, HELD))
 }
+
+/// What holding a message costs on SQS, for a refused stamp's reason.
+const HELD: &str = "an SQS queue deletes a message once its MessageRetentionPeriod has passed, due or not";
 
 /// How many times SQS has handed the message out (`ApproximateReceiveCount`).
 pub(super) fn receive_count(m: &Message) -> u32 {
@@ -180,19 +192,22 @@ pub(super) fn group_of(e: &Envelope, pointer: Option<&str>) -> String {
     fifo_id(key.as_deref().unwrap_or(&e.id))
 }
 
-/// Whether an error code means the receipt handle is no longer valid: the
-/// delivery was fenced out (its visibility ran out and the message went to
-/// another consumer, or it was deleted).
-pub(super) fn fenced_out(code: &str) -> bool {
-    ["ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidParameterValue"]
-        .iter()
-        .any(|c| code.contains(c))
+/// Whether an error (code and message) means the receipt handle is no
+/// longer valid: the delivery was fenced out (its visibility ran out and
+/// the message went to another consumer, or it was deleted). SQS answers
+/// an expired handle with `InvalidParameterValue` naming the receipt
+/// handle, and uses the same code for other values it refuses (a
+/// visibility past 12 hours from the receive): those are failures.
+pub(super) fn fenced_out(code: &str, message: &str) -> bool {
+    let names_the_handle = message.contains("ReceiptHandle") || message.to_ascii_lowercase().contains("receipt handle");
+    ["ReceiptHandleIsInvalid", "MessageNotInflight"].iter().any(|c| code.contains(c))
+        || (code.contains("InvalidParameterValue") && names_the_handle)
 }
 
 /// Fail on a batch entry's failure, except fenced-out deliveries.
 pub(super) fn check_entries(failed: &[aws_sdk_sqs::types::BatchResultErrorEntry], what: &str) -> Result<(), BrokerError> {
     for f in failed {
-        if fenced_out(f.code()) {
+        if fenced_out(f.code(), f.message().unwrap_or_default()) {
             tracing::debug!(code = f.code(), "a delivery was fenced out (its receipt handle expired)");
             continue;
         }
@@ -209,6 +224,18 @@ pub(super) fn unavailable<E: ProvideErrorMetadata + std::error::Error + 'static>
     BrokerError::Unavailable(format!("SQS: {what}: {}", DisplayErrorContext(&e)))
 }
 
+/// The longest delay on a queue that keeps messages `retention_ms`: an
+/// hour less (a tenth less on a queue keeping them under ten hours), so
+/// that a message is received and run before SQS deletes it.
+pub(super) fn max_delay_ms(retention_ms: i64) -> i64 {
+    retention_ms - (retention_ms / 10).min(60 * 60 * 1000)
+}
+
+/// A duration in SQS's whole seconds, rounded up, at most 12 hours.
+pub(super) fn secs(d: Duration) -> i32 {
+    (d.as_millis().div_ceil(1000) as u64).min(MAX_VISIBILITY_SECS as u64) as i32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +247,21 @@ mod tests {
         assert!(body_text(b"a\0b").is_none(), "NUL is not XML text");
         assert!(body_text(&[0xff, 0xfe]).is_none(), "not UTF-8");
         assert_eq!(body(&[0xff]), "/w==");
+    }
+
+    #[test]
+    fn only_errors_about_the_receipt_handle_are_fenced_out() {
+        assert!(fenced_out("ReceiptHandleIsInvalid", ""));
+        assert!(fenced_out("AWS.SimpleQueueService.MessageNotInflight", ""));
+        assert!(fenced_out(
+            "InvalidParameterValue",
+            "Value AQEB... for parameter ReceiptHandle is invalid. Reason: The receipt handle has expired."
+        ));
+        assert!(!fenced_out(
+            "InvalidParameterValue",
+            "Value 43200 for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout for the message is beyond the limit [43200 seconds]"
+        ));
+        assert!(!fenced_out("AccessDenied", "receipt"));
     }
 
     #[test]
@@ -239,5 +281,22 @@ mod tests {
         assert_eq!(group_of(&e, Some("/account")), "42");
         assert_eq!(group_of(&e, Some("/missing")), "m1", "no value there: the id");
         assert_eq!(group_of(&e, None), "m1");
+    }
+
+    #[test]
+    fn durations_are_whole_seconds_rounded_up_and_bounded() {
+        assert_eq!(secs(Duration::ZERO), 0);
+        assert_eq!(secs(Duration::from_millis(1)), 1);
+        assert_eq!(secs(Duration::from_millis(1_000)), 1);
+        assert_eq!(secs(Duration::from_millis(1_001)), 2);
+        assert_eq!(secs(Duration::from_secs(86_400)), 43_200);
+    }
+
+    #[test]
+    fn delays_end_before_the_queue_deletes_the_message() {
+        let day = 24 * 60 * 60 * 1000;
+        assert_eq!(max_delay_ms(4 * day), 4 * day - 60 * 60 * 1000, "the default retention");
+        assert_eq!(max_delay_ms(14 * day), 14 * day - 60 * 60 * 1000);
+        assert_eq!(max_delay_ms(60_000), 54_000, "the shortest retention");
     }
 }
