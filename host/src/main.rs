@@ -262,6 +262,10 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
     tokio::spawn(observe::watch_lease_risk(pool.worker.clone(), Duration::from_secs(5), aux.clone()));
     if config.worker.watch_plugins {
         reloader.watch(aux.clone())?;
+        // A plugin file replaced while the pool started (a Python one
+        // compiles for seconds) sent its event before the watch began.
+        let reloader = reloader.clone();
+        tokio::spawn(async move { reloader.reload(false).await });
     }
     {
         let reloader = reloader.clone();
@@ -302,6 +306,25 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
     result
 }
 
+/// Before a worker process is started again beside those still running:
+/// it would read the configuration file as it is now, and must not take
+/// settings they took only at start (another claim store, say, would let
+/// one message run on both sides).
+fn restart_check(started: Config, path: PathBuf) -> prefork::RestartCheck {
+    std::sync::Arc::new(move || {
+        let fresh = Config::load(&path).map_err(|e| format!("{} does not load ({e:#}); fix it", path.display()))?;
+        let pending = idem_host::reload::restart_only_changes(&started, &fresh);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "{} changes settings the processes still running took at start ({}); stop and start `idem run` to apply them to every process, or put them back",
+            path.display(),
+            pending.join(", ")
+        ))
+    })
+}
+
 /// `worker.processes` > 1: start and supervise that many `idem run`s.
 async fn supervise(config: Config, processes: usize, r: RunArgs, log_format: LogFormat) -> Result<()> {
     let Some(path) = r.config.config.clone() else {
@@ -316,10 +339,11 @@ async fn supervise(config: Config, processes: usize, r: RunArgs, log_format: Log
         args: ["--log-format", format, "run", "--config"]
             .map(OsString::from)
             .into_iter()
-            .chain([path.into_os_string()])
+            .chain([path.clone().into_os_string()])
             .collect(),
         listen: r.listen.or_else(|| config.http.listen.clone()),
         start_timeout: std::time::Duration::from_millis(config.worker.start_timeout_ms),
+        restart_check: Some(restart_check(config.clone(), path.clone())),
     };
     tracing::info!(
         processes,

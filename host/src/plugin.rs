@@ -59,24 +59,43 @@ pub const MAX_COMPONENT_BYTES: u64 = 512 << 20;
 
 /// A plugin's component file, read whole. Only a regular file is read: a
 /// pipe or a device in its place would block the reload (and every reload
-/// after it) or never end.
+/// after it) or never end. The file is opened once (without waiting on a
+/// pipe) and what is checked is what is read: a path swapped between a
+/// check and a read cannot slip a pipe, a device or a larger file in.
 pub fn read_component(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
     use anyhow::{bail, Context};
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let cannot = || format!("cannot read {}", path.display());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(cannot)?;
+    let meta = file.metadata().with_context(cannot)?;
     if !meta.is_file() {
         bail!(
             "{} is not a regular file (a plugin's path names its .wasm component)",
             path.display()
         );
     }
+    let too_large = |len: u64| {
+        anyhow::anyhow!(
+            "{} is {len} bytes, more than the {MAX_COMPONENT_BYTES} a plugin may be",
+            path.display()
+        )
+    };
     if meta.len() > MAX_COMPONENT_BYTES {
-        bail!(
-            "{} is {} bytes, more than the {MAX_COMPONENT_BYTES} a plugin may be",
-            path.display(),
-            meta.len()
-        );
+        return Err(too_large(meta.len()));
     }
-    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // A file that grows while it is read is read no further than the bound.
+    file.take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes).with_context(cannot)?;
+    if bytes.len() as u64 > MAX_COMPONENT_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -125,19 +125,15 @@ impl Reloader {
                     for (setting, old, new) in &limits_changed {
                         tracing::info!(setting = %format!("limits.{setting}"), %old, %new, "limit default changed: plugins without their own value run with the new one");
                     }
+                    needs_restart = restart_only_changes(&config, &fresh);
                     for (name, old) in &config.plugins {
                         match fresh.plugins.get_mut(name) {
                             None => {
                                 tracing::warn!(plugin = %name, "plugin removed from the configuration; it stays loaded until the pool restarts");
-                                needs_restart.push(format!("plugins.{name}"));
                             }
-                            // The key pointer decides the idempotency key: a
-                            // new one would let a redelivery of a message
-                            // done under the old key run again.
                             Some(p) if p.key_pointer != old.key_pointer => {
                                 tracing::error!(plugin = %name, "plugins.{name}.key_pointer changed: not applied, the idempotency keys must stay the same while messages are in flight; drain the queue and restart to change it");
                                 p.key_pointer = old.key_pointer.clone();
-                                needs_restart.push(format!("plugins.{name}.key_pointer"));
                             }
                             Some(_) => {}
                         }
@@ -146,8 +142,6 @@ impl Reloader {
                     for setting in &not_applied {
                         tracing::warn!(%setting, file = %path.display(), "setting changed in the configuration file but not applied: it takes a restart of the pool");
                     }
-                    needs_restart.extend(not_applied);
-                    needs_restart.sort();
                     *config = next;
                     drop(config);
                     self.watch_new_dirs();
@@ -202,19 +196,36 @@ impl Reloader {
         for (name, p) in plugins {
             let path = p.path.clone();
             let read = tokio::task::spawn_blocking(move || crate::plugin::read_component(&path)).await;
+            let current = self.runtime.plugin(&name);
+            // Grants and limits apply to the version serving whatever the
+            // file holds: a narrowed grant must not wait on a file being
+            // copied, missing, or one that does not compile.
+            // (A plugin added back with another key pointer goes through
+            // the compile and its check of the pointer instead.)
+            let same_keys = current.as_ref().is_some_and(|c| c.key_pointer == p.key_pointer);
+            let settings = |report: &mut ReloadReport| {
+                if let (true, true, Some(current)) = (force_settings, same_keys, &current) {
+                    self.apply_settings(&name, &p, current, &config, report);
+                }
+            };
             let bytes = match read.map_err(anyhow::Error::from).and_then(|r| r) {
                 Ok(b) => b,
                 Err(e) => {
                     refuse(&mut report, &name, &self.runtime, format!("{e:#}"));
+                    settings(&mut report);
                     continue;
                 }
             };
             let version = crate::plugin::version_of(&bytes);
-            let current = self.runtime.plugin(&name);
-            if !force_settings && current.as_ref().is_some_and(|c| c.version == version) {
+            if current.as_ref().is_some_and(|c| c.version == version) && (same_keys || !force_settings) {
+                settings(&mut report);
                 continue;
             }
             match self.compile(&name, &p, bytes, &config).await {
+                Err(e) => {
+                    refuse(&mut report, &name, &self.runtime, format!("{e:#}"));
+                    settings(&mut report);
+                }
                 Ok(plugin) => {
                     let old = current.map(|c| c.version.clone());
                     if old.as_deref() != Some(plugin.version.as_str()) {
@@ -224,10 +235,19 @@ impl Reloader {
                     }
                     self.runtime.install(plugin);
                 }
-                Err(e) => refuse(&mut report, &name, &self.runtime, format!("{e:#}")),
             }
         }
         report
+    }
+
+    /// Give the serving version of plugin `name` the grants and limits of
+    /// `p` and `config`, without reading or compiling its file.
+    fn apply_settings(&self, name: &str, p: &PluginConfig, current: &crate::runtime::Plugin, config: &Config, report: &mut ReloadReport) {
+        let grants = Grants::new(p.collections.iter().cloned(), p.endpoints.iter().cloned());
+        match self.runtime.with_settings(current, grants, config.limits_for(name)) {
+            Ok(plugin) => self.runtime.install(plugin),
+            Err(e) => refuse(report, name, &self.runtime, format!("{e:#}")),
+        }
     }
 
     /// The last reloads that swapped or refused a plugin or refused the
@@ -341,6 +361,32 @@ impl Reloader {
             }
         }
     }
+}
+
+/// The settings of `fresh` that a pool running `running` takes only when
+/// it restarts, by dotted name: a plugin removed (it stays loaded), a
+/// plugin's `key_pointer` (it decides the idempotency keys, which must stay
+/// the same while messages are in flight), and every setting outside
+/// `[limits]` and the plugin sections ([`reloadable_part`]). A worker
+/// process started again beside others still running must not take them
+/// either (`worker.processes`).
+pub fn restart_only_changes(running: &Config, fresh: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut same_keys = fresh.clone();
+    for (name, old) in &running.plugins {
+        match same_keys.plugins.get_mut(name) {
+            None => out.push(format!("plugins.{name}")),
+            Some(p) if p.key_pointer != old.key_pointer => {
+                out.push(format!("plugins.{name}.key_pointer"));
+                p.key_pointer = old.key_pointer.clone();
+            }
+            Some(_) => {}
+        }
+    }
+    out.extend(reloadable_part(running, &same_keys).1);
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// What a running pool takes of `fresh`: the running configuration with

@@ -421,6 +421,52 @@ async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaul
     assert!(report.refused.is_empty(), "{report:?}");
 }
 
+/// A SIGHUP that narrows a plugin's grants and limits applies them to the
+/// version serving even when its file cannot be loaded then (half copied,
+/// missing): the new file is refused, the settings are not. Before, they
+/// took effect only with a new compile, and the wider grant kept serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_narrowing_grants_applies_them_while_the_file_cannot_be_loaded() {
+    let (env, file, original) = reload_env(false).await;
+    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
+    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
+    let serving = runtime.plugin("grant-credits").unwrap();
+    assert!(!serving.grants.collections.is_empty(), "{:?}", serving.grants);
+    let path = env.dir.path().join("idem.toml");
+    std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
+    let backends = backend::open(&env.config).await.unwrap();
+    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
+
+    let mut narrowed = env.config.clone();
+    let plugin = narrowed.plugins.get_mut("grant-credits").unwrap();
+    plugin.collections.clear();
+    plugin.limits = Some(idem_host::config::LimitsOverride {
+        cpu_ms: Some(env.config.limits.cpu_ms / 2),
+        ..Default::default()
+    });
+    std::fs::write(&path, toml::to_string(&narrowed).unwrap()).unwrap();
+    for (broken, what) in [(&original[..original.len() / 2], "half copied"), (&[][..], "emptied")] {
+        std::fs::write(&file, broken).unwrap();
+        let report = reloader.reload_config().await;
+        assert!(report.refused.iter().any(|(name, _)| name == "grant-credits"), "{what}: {report:?}");
+        let now = runtime.plugin("grant-credits").unwrap();
+        assert_eq!(now.version, serving.version, "{what}: the version serving stays");
+        assert!(
+            now.grants.collections.is_empty(),
+            "{what}: the narrowed grant applies: {:?}",
+            now.grants
+        );
+        assert_eq!(now.limits.cpu_ms, env.config.limits.cpu_ms / 2, "{what}");
+    }
+    std::fs::remove_file(&file).unwrap();
+    let report = reloader.reload_config().await;
+    assert!(
+        report.refused.iter().any(|(name, _)| name == "grant-credits"),
+        "missing: {report:?}"
+    );
+    assert!(runtime.plugin("grant-credits").unwrap().grants.collections.is_empty());
+}
+
 /// The value of one metric line (`name{labels} value`), if present.
 fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()

@@ -170,6 +170,73 @@ async fn a_worker_process_that_cannot_start_stops_the_start_with_its_error() {
     );
 }
 
+/// A worker process that dies is not started again while the file holds
+/// settings the other process took only at start (it would run with them
+/// beside it: another claim store, say, would let one message run on both
+/// sides); it is once the file agrees again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_is_not_started_again_with_settings_the_other_lacks() {
+    let mut env = Env::new().await;
+    let config_path = two_processes(&mut env);
+    let log_path = env.dir.path().join("supervisor.log");
+    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let pid = supervisor.id();
+    wait_for_log(&log_path, "every worker process is ready", 1).await;
+    let workers = worker_pids(pid);
+    assert_eq!(workers.len(), 2, "{}", log(&log_path));
+
+    let started = std::fs::read_to_string(&config_path).unwrap();
+    let mut changed = env.config.clone();
+    changed.retry.max_attempts += 1;
+    std::fs::write(&config_path, toml::to_string(&changed).unwrap()).unwrap();
+    let killed = index_of(&log(&log_path), workers[0]);
+    signal(workers[0], "-KILL");
+    let held = format!("worker process {killed} is not started again");
+    wait_for_log(&log_path, &held, 1).await;
+    let text = log(&log_path);
+    let line = text.lines().find(|l| l.contains(&held)).unwrap();
+    assert!(line.contains("retry.max_attempts") && line.contains("put them back"), "{line}");
+    assert_eq!(worker_pids(pid), vec![workers[1]], "only the process still running");
+
+    std::fs::write(&config_path, started).unwrap();
+    wait_for_log(&log_path, &format!("worker process {killed} ready"), 2).await;
+    assert_eq!(worker_pids(pid).len(), 2);
+    signal(pid, "-TERM");
+    let status = wait_exit(&mut supervisor).await;
+    assert!(status.success(), "{status:?}\n{}", log(&log_path));
+}
+
+/// A SIGHUP that comes while a worker process starts (here: compiling its
+/// plugins into an empty cache) is passed on once it is ready, so it reads
+/// what changed after it read its configuration. Before, it was dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_while_a_worker_process_starts_reaches_it_once_ready() {
+    let mut env = Env::new().await;
+    env.config.worker.compile_cache_dir = Some(env.dir.path().join("compiled"));
+    let config_path = two_processes(&mut env);
+    let log_path = env.dir.path().join("supervisor.log");
+    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let pid = supervisor.id();
+    wait_for_log(&log_path, "worker process 0 started", 1).await;
+    assert!(!log(&log_path).contains("worker process 0 ready"), "{}", log(&log_path));
+    signal(pid, "-HUP");
+    wait_for_log(&log_path, "every worker process is ready", 1).await;
+    wait_until(Duration::from_secs(30), "process 0 to reload", || async {
+        log(&log_path)
+            .lines()
+            .any(|l| l.contains("[process 0] ") && l.contains("SIGHUP: reloading the configuration and the plugins"))
+    })
+    .await;
+    assert!(
+        log(&log_path).contains("worker process 0: passing on the SIGHUP that came while it started"),
+        "{}",
+        log(&log_path)
+    );
+    signal(pid, "-TERM");
+    let status = wait_exit(&mut supervisor).await;
+    assert!(status.success(), "{status:?}\n{}", log(&log_path));
+}
+
 /// Run a pool of two processes whose first cannot start; check the
 /// supervisor failed without starting the second or retrying the first,
 /// and return its log.

@@ -225,6 +225,32 @@ impl Config {
         if w.heartbeat_ms == Some(0) {
             bail!("worker.heartbeat_ms must be at least 1 ms: at 0 the heartbeat would extend every lease and visibility in a busy loop; leave it unset for lease_ms / 3");
         }
+        let r = &self.retention;
+        for (key, value) in [
+            ("worker.lease_ms", w.lease_ms),
+            ("worker.visibility_ms", w.visibility_ms),
+            ("worker.busy_retry_ms", w.busy_retry_ms),
+            ("worker.poll_idle_ms", w.poll_idle_ms),
+            ("worker.shutdown_grace_ms", w.shutdown_grace_ms),
+            ("worker.start_timeout_ms", w.start_timeout_ms),
+            ("worker.heartbeat_ms", w.heartbeat_ms.unwrap_or(0)),
+            ("retry.base_delay_ms", self.retry.base_delay_ms),
+            ("retry.max_delay_ms", self.retry.max_delay_ms),
+            ("retention.done_ms", r.done_ms),
+            ("retention.dead_letters_ms", r.dead_letters_ms.unwrap_or(0)),
+            ("retention.sweep_every_ms", r.sweep_every_ms),
+        ] {
+            check_ms(key, value)?;
+        }
+        for (name, endpoint) in &self.endpoints {
+            check_ms(&format!("endpoints.{name}.timeout_ms"), endpoint.timeout_ms)?;
+        }
+        if w.concurrency > MAX_CONCURRENCY {
+            bail!(
+                "worker.concurrency = {} is more than {MAX_CONCURRENCY}: each handler slot reserves an instance of the largest plugin in the sandbox's pool; run more worker processes instead",
+                w.concurrency
+            );
+        }
         let horizon = REDIS_MAX_VISIBILITY_MS;
         if self.broker.kind == BrokerKind::Redis && w.visibility_ms > horizon {
             bail!(
@@ -248,6 +274,14 @@ impl Config {
                     bail!("{scope}.{key} must be above 0: at 0 every message of the plugin fails and is dead-lettered");
                 }
             }
+            if limits.memory_bytes > MAX_MEMORY_BYTES {
+                bail!(
+                    "{scope}.memory_bytes = {} is more than a WebAssembly memory can hold ({MAX_MEMORY_BYTES} bytes, 4 GiB): lower it",
+                    limits.memory_bytes
+                );
+            }
+            check_ms(&format!("{scope}.cpu_ms"), limits.cpu_ms)?;
+            check_ms(&format!("{scope}.timeout_ms"), limits.timeout_ms)?;
         }
         for (name, endpoint) in &self.endpoints {
             let parsed = url::Url::parse(&endpoint.url);
@@ -295,6 +329,25 @@ impl Config {
             None => self.limits.clone(),
         }
     }
+}
+
+/// The longest any millisecond setting may be (ten years): longer ones are
+/// a slip (microseconds for milliseconds, say), and added to a clock
+/// reading they would overflow.
+const MAX_MS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
+
+/// The most a WebAssembly memory can hold (32-bit addresses).
+const MAX_MEMORY_BYTES: u64 = 4 << 30;
+
+/// The most handler slots one worker process runs.
+const MAX_CONCURRENCY: usize = 10_000;
+
+/// Refuse a millisecond setting past [`MAX_MS`], naming it.
+fn check_ms(key: &str, value: u64) -> Result<()> {
+    if value > MAX_MS {
+        bail!("{key} = {value} is more than ten years in milliseconds ({MAX_MS}): write it in milliseconds");
+    }
+    Ok(())
 }
 
 /// A broker URL of the scheme its kind reads. Client libraries quote a URL
@@ -438,6 +491,24 @@ mod tests {
             assert!(err.contains("broker.url") && err.contains(expected), "{kind} {url}: {err}");
             assert!(!err.contains("s3cret"), "{kind} {url}: the password is not printed: {err}");
         }
+    }
+
+    #[test]
+    fn values_no_sandbox_or_clock_can_hold_are_refused_by_name() {
+        for (text, named) in [
+            ("[limits]\nmemory_bytes = 4294967297", "limits.memory_bytes"),
+            ("[plugins.p.limits]\nmemory_bytes = 8589934592", "plugins.p.limits.memory_bytes"),
+            ("[worker]\nlease_ms = 9223372036854775807", "worker.lease_ms"),
+            ("[retry]\nmax_delay_ms = 315360000001", "retry.max_delay_ms"),
+            ("[limits]\ntimeout_ms = 1000000000000000", "limits.timeout_ms"),
+            ("[worker]\nconcurrency = 10001", "worker.concurrency"),
+        ] {
+            let text = text.replace("[plugins.p.limits]", "[plugins.p]\npath = \"p.wasm\"\n[plugins.p.limits]");
+            let err = with(&text).validate().unwrap_err().to_string();
+            assert!(err.contains(named), "{text}: {err}");
+        }
+        with("[limits]\nmemory_bytes = 4294967296").validate().expect("4 GiB");
+        with("[retention]\ndone_ms = 315360000000").validate().expect("ten years");
     }
 
     #[test]

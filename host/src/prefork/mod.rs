@@ -31,7 +31,7 @@ use std::sync::{Mutex, OnceLock};
 
 mod supervisor;
 
-pub use supervisor::{supervise, Plan};
+pub use supervisor::{supervise, Plan, RestartCheck};
 
 /// Set in a supervised process's environment: its index (0, 1, …).
 pub const PROCESS_ENV: &str = "IDEM_WORKER_PROCESS";

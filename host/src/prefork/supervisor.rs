@@ -37,7 +37,15 @@ pub struct Plan {
     pub listen: Option<String>,
     /// How long a process may take to report ready before it is killed.
     pub start_timeout: Duration,
+    /// Asked before a process that was ready once is started again: why it
+    /// must not be (settings changed that the processes still running do
+    /// not have), or nothing. Held back, it is asked again after the next
+    /// delay.
+    pub restart_check: Option<RestartCheck>,
 }
+
+/// See [`Plan::restart_check`].
+pub type RestartCheck = Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
 
 impl Plan {
     fn listen_of(&self, index: usize) -> Result<Option<String>> {
@@ -76,6 +84,7 @@ struct Slot {
     cpu: Option<usize>,
     args: Vec<OsString>,
     start_timeout: Duration,
+    restart_check: Option<RestartCheck>,
 }
 
 /// How one process ended.
@@ -137,6 +146,7 @@ pub async fn supervise(plan: Plan) -> Result<()> {
             cpu,
             args,
             start_timeout: plan.start_timeout,
+            restart_check: plan.restart_check.clone(),
         });
     }
     let program = Arc::new(plan.program);
@@ -237,6 +247,20 @@ async fn keep(slot: Slot, program: Arc<PathBuf>, mut orders: Orders, events: mps
     let mut first = true;
     let mut delay = FIRST_DELAY;
     let status = loop {
+        let held_back = if first {
+            None
+        } else {
+            slot.restart_check.as_ref().and_then(|check| check().err())
+        };
+        if let Some(why) = held_back {
+            tracing::error!("worker process {index} is not started again: {why}; asking again in {delay:?}");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = orders.stop.wait_for(|s| *s > 0) => break None,
+            }
+            delay = (delay * 2).min(MAX_DELAY);
+            continue;
+        }
         let started = Instant::now();
         let outcome = run_once(&slot, &program, &mut orders, &events, first).await;
         let stopping = *orders.stop.borrow() > 0;
@@ -312,6 +336,11 @@ async fn run_once(
     if *orders.stop.borrow() > 0 {
         bail!("stopping");
     }
+    // SIGHUPs that come while the process starts are not passed on (it may
+    // not have its handler yet, and would die of one); one is sent once it
+    // is ready, so it reads what changed after it read its configuration.
+    // Counted before it is spawned: any later one is after its read.
+    let hups_at_spawn = *orders.hup.borrow_and_update();
     let (reader, writer) = std::io::pipe().context("cannot create the readiness pipe")?;
     let writer = OwnedFd::from(writer);
     let mut command = tokio::process::Command::new(program);
@@ -346,7 +375,7 @@ async fn run_once(
     let mut was_ready = false;
     let mut reading = true;
     let mut passed_on = 0;
-    let mut hups_seen = *orders.hup.borrow_and_update();
+    let mut hups_seen = hups_at_spawn;
     let (mut watching_stop, mut watching_hup) = (true, true);
     let status = loop {
         let stops = *orders.stop.borrow();
@@ -369,6 +398,11 @@ async fn run_once(
                 if was_ready {
                     tracing::info!("worker process {} ready (pid {pid})", slot.index);
                     let _ = events.send(Event::Ready { index: slot.index, first });
+                    if hups_seen > hups_at_spawn {
+                        tracing::info!("worker process {}: passing on the SIGHUP that came while it started", slot.index);
+                        // SAFETY: kill has no memory effects; `pid` is not reaped.
+                        unsafe { libc::kill(pid, libc::SIGHUP) };
+                    }
                 }
             }
             _ = tokio::time::sleep_until(start_deadline), if !was_ready && !timed_out => {
@@ -438,6 +472,7 @@ mod tests {
             args: Vec::new(),
             listen: listen.map(str::to_string),
             start_timeout: Duration::from_secs(1),
+            restart_check: None,
         }
     }
 

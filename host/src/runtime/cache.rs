@@ -10,7 +10,8 @@
 //! writable only by the worker's user (it is created with mode 0700). A
 //! directory or entry that another user owns or may write is not read (nor
 //! written): the component is compiled, with an error naming the setting
-//! and the fix.
+//! and the fix. The checks are made on the open directory and entry, and
+//! the bytes read through them: a path swapped after a check is not read.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -41,42 +42,53 @@ impl CompileCache {
         CompileCache { dir: dir.into() }
     }
 
-    /// The entry for `bytes` on `engine`.
-    fn entry(&self, engine: &Engine, bytes: &[u8]) -> PathBuf {
+    /// The entry's file name for `bytes` on `engine`.
+    fn entry_name(engine: &Engine, bytes: &[u8]) -> String {
         let mut settings = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut settings);
         let digest = hex::encode(Sha256::digest(bytes));
-        self.dir.join(format!("{digest}-{:016x}.cwasm", settings.finish()))
+        format!("{digest}-{:016x}.cwasm", settings.finish())
+    }
+
+    /// The entry for `bytes` on `engine`.
+    #[cfg(test)]
+    fn entry(&self, engine: &Engine, bytes: &[u8]) -> PathBuf {
+        self.dir.join(Self::entry_name(engine, bytes))
     }
 
     /// The component for `bytes`: from the cache if an entry is there and
     /// loads, else compiled and stored.
     pub fn component(&self, engine: &Engine, bytes: &[u8]) -> Result<(Component, Source)> {
-        let entry = self.entry(engine, bytes);
-        if let Err(why) = private(&self.dir, false) {
-            tracing::error!(
-                "worker.compile_cache_dir {} {why}: what is in it would run as machine code, so it is not used; make it the worker user's own (chown) and writable by no one else (chmod 700)",
-                self.dir.display()
-            );
-            return Ok((
-                Component::new(engine, bytes).map_err(|e| anyhow::anyhow!("{e:#}"))?,
-                Source::Compiled,
-            ));
-        }
-        if let Err(why) = private(&entry, true) {
-            tracing::error!(entry = %entry.display(), "compiled component {why}: not read; compiling it again");
-        } else if entry.exists() {
-            // SAFETY: entries are written only by `store` below, from
-            // `Component::serialize` of this engine's settings (the name says
-            // which), into a directory only this user can write.
-            match unsafe { Component::deserialize_file(engine, &entry) } {
-                Ok(c) => return Ok((c, Source::Cached)),
-                Err(e) => {
-                    tracing::warn!(entry = %entry.display(), error = %format!("{e:#}"), "compiled component unreadable; compiling it again")
+        let name = Self::entry_name(engine, bytes);
+        let compile = || Component::new(engine, bytes).map_err(|e| anyhow::anyhow!("{e:#}"));
+        let dir = match open_private_dir(&self.dir) {
+            Ok(dir) => dir,
+            Err(why) => {
+                tracing::error!(
+                    "worker.compile_cache_dir {} {why}: what is in it would run as machine code, so it is not used; make it the worker user's own (chown) and writable by no one else (chmod 700)",
+                    self.dir.display()
+                );
+                return Ok((compile()?, Source::Compiled));
+            }
+        };
+        let entry = self.dir.join(&name);
+        match dir.as_ref().map(|dir| read_private_entry(dir, &name)) {
+            Some(Err(why)) => tracing::error!(entry = %entry.display(), "compiled component {why}: not read; compiling it again"),
+            Some(Ok(Some(compiled))) => {
+                // SAFETY: entries are written only by `store` below, from
+                // `Component::serialize` of this engine's settings (the
+                // name says which), into a directory only this user can
+                // write; the bytes were read through handles checked so.
+                match unsafe { Component::deserialize(engine, &compiled) } {
+                    Ok(c) => return Ok((c, Source::Cached)),
+                    Err(e) => {
+                        tracing::warn!(entry = %entry.display(), error = %format!("{e:#}"), "compiled component unreadable; compiling it again")
+                    }
                 }
             }
+            Some(Ok(None)) | None => {}
         }
-        let component = Component::new(engine, bytes).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let component = compile()?;
         if let Err(e) = self.store(&entry, &component) {
             tracing::warn!(dir = %self.dir.display(), error = %format!("{e:#}"), "cannot keep the compiled component; the next start compiles it again");
         }
@@ -102,24 +114,67 @@ impl CompileCache {
     }
 }
 
-/// Whether `path` may hold machine code this process runs: owned by this
-/// process's user and writable by no one else (an entry also a file of its
-/// own, not a link).
-fn private(path: &Path, entry: bool) -> std::result::Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = match if entry {
-        std::fs::symlink_metadata(path)
-    } else {
-        std::fs::metadata(path)
-    } {
-        Ok(meta) => meta,
-        // Not there yet: written (and a directory created) private.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+/// The cache directory, opened, if it is there: it must be owned by this
+/// process's user and writable by no one else. What is checked is the open
+/// handle, and entries are opened through it, so a directory swapped in
+/// for it after the check is never read.
+fn open_private_dir(dir: &Path) -> std::result::Result<Option<std::fs::File>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir);
+    let dir = match opened {
+        Ok(dir) => dir,
+        // Not there yet: created private when first written.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot be read ({e})")),
     };
-    if entry && !meta.file_type().is_file() {
-        return Err("is not a file of its own (a link or a directory)".into());
+    private(&dir.metadata().map_err(|e| format!("cannot be read ({e})"))?)?;
+    Ok(Some(dir))
+}
+
+/// The bytes of entry `name` in the opened directory `dir`, if it is
+/// there: it must be a file of its own (not a link: it is opened without
+/// following one), owned by this process's user and writable by no one
+/// else, checked on the handle its bytes are read from.
+fn read_private_entry(dir: &std::fs::File, name: &str) -> std::result::Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c_name = std::ffi::CString::new(name).map_err(|_| "has a NUL in its name".to_string())?;
+    // SAFETY: `dir` is an open directory and `c_name` a NUL-terminated
+    // name; the descriptor returned is owned by the `File` made of it.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c_name.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            Some(libc::ELOOP) => Err("is not a file of its own (a link)".into()),
+            _ => Err(format!("cannot be read ({e})")),
+        };
     }
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let meta = file.metadata().map_err(|e| format!("cannot be read ({e})"))?;
+    if !meta.file_type().is_file() {
+        return Err("is not a file of its own (a directory or a device)".into());
+    }
+    private(&meta)?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.read_to_end(&mut bytes).map_err(|e| format!("cannot be read ({e})"))?;
+    Ok(Some(bytes))
+}
+
+/// Whether what `meta` describes may hold machine code this process runs:
+/// owned by this process's user and writable by no one else.
+fn private(meta: &std::fs::Metadata) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
     if meta.uid() != uid {

@@ -28,6 +28,7 @@ const STDIO_CAPACITY: usize = 64 * 1024;
 const MAX_ERROR_BYTES: usize = 4096;
 
 /// A component pre-linked against the world version it was built for.
+#[derive(Clone)]
 pub(super) enum Pre {
     /// `idem:handler@0.2.0`: `handle` may return a result.
     Current(HandlerPre<HostState>),

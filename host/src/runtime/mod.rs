@@ -360,6 +360,24 @@ impl Runtime {
         let pre = Pre::new(pre).map_err(|e| {
             anyhow!("plugin {name} does not export the idem:handler world's `handle` function ({e:#}); export it with idem_sdk::handler!")
         })?;
+        self.check_limits(name, footprint, &limits)?;
+        Ok(Arc::new(Plugin {
+            info: Arc::new(PluginInfo {
+                name: name.to_string(),
+                version,
+                grants,
+                limits,
+                key_pointer,
+                imports,
+                loaded_at: crate::now_ms(),
+            }),
+            code: Code::Wasm(pre, *footprint),
+        }))
+    }
+
+    /// Whether an instance of a component taking `footprint` can start
+    /// under `limits` in this pool.
+    fn check_limits(&self, name: &str, footprint: &Footprint, limits: &Limits) -> Result<()> {
         if limits.memory_bytes < (2 << 20) {
             bail!(
                 "plugin {name}: limits.memory_bytes = {} is below the 2 MiB a Rust component needs to start",
@@ -374,17 +392,28 @@ impl Runtime {
                 limits.memory_bytes
             );
         }
+        Ok(())
+    }
+
+    /// `plugin`'s code (the same version, nothing compiled or read) with
+    /// other grants and limits: a change of settings alone, which must
+    /// not wait on the plugin's file (being copied, missing) to apply.
+    pub fn with_settings(&self, plugin: &Plugin, grants: Grants, limits: Limits) -> Result<Arc<Plugin>> {
+        let code = match &plugin.code {
+            Code::Wasm(pre, footprint) => {
+                self.check_limits(&plugin.name, footprint, &limits)?;
+                Code::Wasm(pre.clone(), *footprint)
+            }
+            Code::Native(handler) => Code::Native(handler.clone()),
+        };
         Ok(Arc::new(Plugin {
             info: Arc::new(PluginInfo {
-                name: name.to_string(),
-                version,
                 grants,
                 limits,
-                key_pointer,
-                imports,
                 loaded_at: crate::now_ms(),
+                ..(*plugin.info).clone()
             }),
-            code: Code::Wasm(pre, *footprint),
+            code,
         }))
     }
 
