@@ -234,6 +234,7 @@ pub fn sqs_options(config: &Config) -> crate::broker::sqs::SqsOptions {
         queue: b.queue.clone().unwrap_or_else(|| config.namespace.clone()),
         wait_secs: b.wait_secs,
         max_attempts: config.retry.max_attempts,
+        max_retry_delay_ms: config.retry.max_delay_ms,
         group_pointer: b.group_pointer.clone(),
         key_pointers: config
             .plugins

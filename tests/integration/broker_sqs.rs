@@ -255,6 +255,64 @@ async fn sqs_messages_from_other_producers() {
     .await;
 }
 
+/// Every receive on SQS counts toward the queue's redrive policy. A message
+/// whose handler outlasts its visibility between two heartbeats is received
+/// again while it runs and answered busy; it then waits out its claim's
+/// lease (not `busy_retry_ms`), so it is received a few times, not dozens,
+/// and SQS does not move it to its own dead-letter queue while it runs.
+/// Before, it came back every `busy_retry_ms` and was moved within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_a_message_received_again_while_it_runs_is_not_redriven() {
+    use crate::common::{envelope, wait_until, Env};
+    in_sqs_queue(false, |dlq| async move {
+        let client = sdk_client().await;
+        let dlq_url = client.get_queue_url().queue_name(&dlq).send().await.unwrap().queue_url.unwrap();
+        let arn = client
+            .get_queue_attributes()
+            .queue_url(&dlq_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+            .clone();
+        let queue = format!("{dlq}-main");
+        let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"6"}}"#);
+        SqsBroker::create_queue(&brokers::sqs_options(&queue), &[("RedrivePolicy", &policy)])
+            .await
+            .unwrap();
+
+        let mut env = Env::new().await;
+        env.config.broker.kind = idem_host::config::BrokerKind::Sqs;
+        env.config.broker.url = Some(services::sqs());
+        env.config.broker.queue = Some(queue.clone());
+        env.config.broker.wait_secs = 0;
+        // The visibility lapses between heartbeats; the lease does not.
+        env.config.worker.visibility_ms = 1_000;
+        env.config.worker.heartbeat_ms = Some(5_000);
+        env.config.worker.lease_ms = 6_000;
+        // Calls the host until its 8 s timeout ends it, then dead-lettered.
+        env.config.limits.timeout_ms = 8_000;
+        env.config.limits.cpu_ms = 60_000;
+        env.config.retry.max_attempts = 1;
+        env.config.retry.max_traps = 1;
+        let pool = env.start().await;
+        let long = envelope("long-runner", "hostile", serde_json::json!({ "mode": "host-call-loop" }));
+        pool.backends.broker.publish(&[long], Duration::ZERO).await.unwrap();
+        wait_until(Duration::from_secs(60), "Idem to dead-letter it and the queue to empty", || async {
+            pool.backends.admin.dead_letters(10).await.unwrap().len() == 1 && pool.backends.broker.pending().await.unwrap() == 0
+        })
+        .await;
+        let letters = pool.backends.admin.dead_letters(10).await.unwrap();
+        assert!(letters[0].reason.contains("limits.timeout_ms = 8000"), "{}", letters[0].reason);
+        pool.stop().await.unwrap();
+        assert_eq!(visible(&dlq).await, "0", "moved to SQS's dead-letter queue while it ran");
+        SqsBroker::delete_queue(&brokers::sqs_options(&queue)).await;
+    })
+    .await;
+}
+
 /// Wrong settings fail at start with the setting to change: a queue that
 /// does not exist, a redrive policy whose maxReceiveCount could move a
 /// message to SQS's dead-letter queue before Idem's attempts are made, and
@@ -290,6 +348,28 @@ async fn sqs_wrong_settings_are_refused_at_start_with_the_fix() {
         SqsBroker::delete_queue(&options).await;
         let err = err.expect("a redrive policy that pre-empts Idem is refused");
         assert!(err.contains("maxReceiveCount = 3") && err.contains("retry.max_attempts"), "{err}");
+
+        // A redrive policy leaving four 12-hour deferrals after 5 attempts
+        // and one more receive: a publish delayed three days is refused.
+        let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"10"}}"#);
+        SqsBroker::create_queue(&options, &[("RedrivePolicy", &policy)]).await.unwrap();
+        let b = brokers::sqs(&options).await;
+        let three_days = Duration::from_secs(3 * 24 * 3600);
+        let err = b.publish(&[brokers::envelope("d")], three_days).await.unwrap_err().to_string();
+        assert!(err.contains("maxReceiveCount"), "{err}");
+        b.publish(&[brokers::envelope("d")], Duration::from_secs(24 * 3600)).await.unwrap();
+        SqsBroker::delete_queue(&options).await;
+
+        // A queue keeping messages a minute cannot hold a retry of one.
+        let short = brokers::sqs_options(&format!("{dlq}-short"));
+        SqsBroker::create_queue(&short, &[("MessageRetentionPeriod", "60")]).await.unwrap();
+        let err = SqsBroker::connect(short.clone()).await.err().map(|e| e.to_string());
+        SqsBroker::delete_queue(&short).await;
+        let err = err.expect("a retry delay past the queue's retention is refused");
+        assert!(
+            err.contains("retry.max_delay_ms = 60000") && err.contains("MessageRetentionPeriod"),
+            "{err}"
+        );
 
         // No credentials anywhere the standard chain looks.
         let dir = tempfile::tempdir().unwrap();

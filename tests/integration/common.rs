@@ -535,6 +535,7 @@ pub mod brokers {
             queue: queue.to_string(),
             wait_secs: 0,
             max_attempts: 5,
+            max_retry_delay_ms: 60_000,
             group_pointer: None,
             key_pointers: Default::default(),
         }

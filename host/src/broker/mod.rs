@@ -159,6 +159,13 @@ pub struct Semantics {
     /// settled records above the offset as pending, and start delivery
     /// counts again at 1 when it takes a partition over.
     pub exact_only_at_owner: bool,
+    /// False: a message given back and received again costs nothing. True
+    /// (SQS): every receive counts toward the queue's redrive policy, which
+    /// moves a message to the queue's own dead-letter queue, running or
+    /// not, once it has been received `maxReceiveCount` times; a busy key
+    /// then waits out the whole lease or retry delay its claim reports
+    /// rather than `worker.busy_retry_ms`.
+    pub receives_counted: bool,
 }
 
 /// A queue Idem consumes. Batch methods take and answer many deliveries in

@@ -80,7 +80,8 @@ pub(super) enum Settled {
 
 /// The rule for each claim outcome. A busy key comes back after the lease
 /// or retry delay it reported, but no later than `busy_retry` (the holder
-/// may finish early) and no sooner than 1 ms.
+/// may finish early; `Duration::MAX` waits for all of it) and no sooner
+/// than 1 ms.
 pub(super) fn answer(outcome: ClaimOutcome, busy_retry: Duration) -> Answer {
     match outcome {
         ClaimOutcome::Acquired { fence, attempt, traps } => Answer::Run { fence, attempt, traps },
@@ -205,6 +206,12 @@ impl Worker {
                 }
             }
         };
+        // Where every receive counts toward a redrive policy, a busy key
+        // is not received again sooner than its claim can change.
+        let busy_wait = match self.backends.broker.semantics().receives_counted {
+            true => Duration::MAX,
+            false => self.options.busy_retry,
+        };
         let mut run = Vec::new();
         let mut acks = Vec::new();
         for (k, outcome) in candidates.into_iter().zip(outcomes) {
@@ -216,7 +223,7 @@ impl Worker {
                     continue;
                 }
             };
-            match answer(outcome, self.options.busy_retry) {
+            match answer(outcome, busy_wait) {
                 Answer::Run { fence, attempt, traps } => {
                     let claim = ClaimRef {
                         plugin: k.plugin.name.clone(),
@@ -468,6 +475,12 @@ pub(super) mod tests {
         let after = |ms| answer(ClaimOutcome::Busy { retry_after_ms: ms }, busy_retry);
         assert_eq!(after(30), Answer::Redeliver(Duration::from_millis(30)));
         assert_eq!(after(5_000), Answer::Redeliver(busy_retry));
+        let whole = |ms| answer(ClaimOutcome::Busy { retry_after_ms: ms }, Duration::MAX);
+        assert_eq!(
+            whole(30_000),
+            Answer::Redeliver(Duration::from_secs(30)),
+            "receives counted: the whole lease"
+        );
         assert_eq!(after(0), Answer::Redeliver(Duration::from_millis(1)));
         assert_eq!(after(-5), Answer::Redeliver(Duration::from_millis(1)));
     }

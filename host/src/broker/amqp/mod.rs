@@ -264,6 +264,7 @@ impl Broker for AmqpBroker {
             visibility: Visibility::UntilDisconnect,
             early_fetches_count: false,
             exact_only_at_owner: false,
+            receives_counted: false,
         }
     }
 }

@@ -467,6 +467,7 @@ impl Broker for KafkaBroker {
             visibility: Visibility::UntilDisconnect,
             early_fetches_count: false,
             exact_only_at_owner: true,
+            receives_counted: false,
         }
     }
 

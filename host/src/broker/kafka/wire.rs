@@ -23,7 +23,7 @@ use rdkafka::Message;
 
 use super::track::Record;
 use crate::broker::BrokerError;
-use crate::envelope::{Envelope, HEADER_OVERHEAD, MAX_HEADER_BYTES};
+use crate::envelope::{header_cost, Envelope, HEADER_OVERHEAD, MAX_HEADER_BYTES};
 
 pub(super) const ID: &str = "Idem-Id";
 pub(super) const HANDLER: &str = "Idem-Handler";
@@ -140,10 +140,18 @@ fn read(m: &BorrowedMessage<'_>) -> Record {
                     Err(why) => refused = Some(why),
                 },
                 name => {
-                    let cost = name.len() + h.value.map_or(0, <[u8]>::len) + HEADER_OVERHEAD;
+                    // Read (lossily, which may make it longer) only if its
+                    // bytes fit; counted as read.
+                    let raw = name.len() + h.value.map_or(0, <[u8]>::len) + HEADER_OVERHEAD;
+                    if kept + raw > MAX_HEADER_BYTES {
+                        over += raw;
+                        continue;
+                    }
+                    let header = (name.to_string(), value());
+                    let cost = header_cost(&header);
                     if kept + cost <= MAX_HEADER_BYTES {
                         kept += cost;
-                        headers.push((name.to_string(), value()));
+                        headers.push(header);
                     } else {
                         over += cost;
                     }
@@ -152,7 +160,7 @@ fn read(m: &BorrowedMessage<'_>) -> Record {
         }
     }
     if over > 0 {
-        refused = Some(format!(
+        refused.get_or_insert(format!(
             "Kafka record's headers take {} bytes ({} kept; each counted {HEADER_OVERHEAD} bytes more than its name and value), over the limit of {MAX_HEADER_BYTES} bytes; carry large data in the payload",
             kept + over,
             headers.len()

@@ -274,6 +274,7 @@ impl Broker for NatsBroker {
             visibility: Visibility::Fixed(self.ack_wait),
             early_fetches_count: true,
             exact_only_at_owner: false,
+            receives_counted: false,
         }
     }
 }

@@ -15,9 +15,8 @@ use super::SqsOptions;
 pub(super) struct QueueInfo {
     pub url: String,
     pub fifo: bool,
-    /// `MessageRetentionPeriod`, in ms: how long SQS keeps a message,
-    /// due or not.
-    pub retention_ms: i64,
+    /// The longest delay a message may wait for ([`max_delay_ms`]).
+    pub max_delay_ms: i64,
 }
 
 /// SQS's default `MessageRetentionPeriod` (4 days), for a server that does
@@ -88,19 +87,40 @@ pub(super) async fn queue(client: &Client, options: &SqsOptions) -> Result<Queue
         .map_err(|e| explain(e, options))?;
     let attrs = attrs.attributes.unwrap_or_default();
     let fifo = attrs.get(&QueueAttributeName::FifoQueue).is_some_and(|v| v == "true");
-    if let Some(policy) = attrs.get(&QueueAttributeName::RedrivePolicy) {
-        check_redrive(policy, options.max_attempts, queue)?;
-    }
+    let max_receives = match attrs.get(&QueueAttributeName::RedrivePolicy) {
+        Some(policy) => Some(check_redrive(policy, options.max_attempts, queue)?),
+        None => None,
+    };
     let retention_secs = attrs
         .get(&QueueAttributeName::MessageRetentionPeriod)
         .and_then(|v| v.parse::<i64>().ok())
         .filter(|&secs| secs > 0)
         .unwrap_or(DEFAULT_RETENTION_SECS);
-    Ok(QueueInfo {
-        url,
-        fifo,
-        retention_ms: retention_secs.saturating_mul(1000),
-    })
+    let max_delay_ms = max_delay_ms(retention_secs.saturating_mul(1000), max_receives, options.max_attempts);
+    if i64::try_from(options.max_retry_delay_ms).unwrap_or(i64::MAX) > max_delay_ms {
+        bail!(
+            "retry.max_delay_ms = {} is longer than queue {queue:?} can hold a message for a retry ({max_delay_ms} ms: {}): a retry due later would be lost with the message; lower retry.max_delay_ms, or raise the queue's MessageRetentionPeriod",
+            options.max_retry_delay_ms,
+            DELAY_BOUND
+        );
+    }
+    Ok(QueueInfo { url, fifo, max_delay_ms })
+}
+
+/// What bounds a delay on SQS, for errors.
+pub(super) const DELAY_BOUND: &str = "the queue's MessageRetentionPeriod less an hour (a tenth under ten hours), and with a redrive policy no more 12-hour deferrals than its maxReceiveCount leaves after retry.max_attempts";
+
+/// The longest delay on a queue that keeps messages `retention_ms`: an
+/// hour less (a tenth less on a queue keeping them under ten hours), so
+/// that a message is received and run before SQS deletes it. With a
+/// redrive policy of `max_receives`, also no more 12-hour deferrals (each
+/// a receive) than it leaves after one receive per attempt and one more.
+pub(super) fn max_delay_ms(retention_ms: i64, max_receives: Option<u64>, max_attempts: u32) -> i64 {
+    let kept = retention_ms - (retention_ms / 10).min(60 * 60 * 1000);
+    let Some(max_receives) = max_receives else { return kept };
+    let deferrals = max_receives.saturating_sub(u64::from(max_attempts) + 1).max(1);
+    let per_deferral = (super::wire::MAX_VISIBILITY_SECS - super::track::TOTAL_VISIBILITY_SLACK_SECS) * 1000;
+    kept.min(i64::try_from(deferrals).unwrap_or(i64::MAX).saturating_mul(per_deferral))
 }
 
 /// Refuse a redrive policy whose `maxReceiveCount` could move a message to
@@ -109,7 +129,7 @@ pub(super) async fn queue(client: &Client, options: &SqsOptions) -> Result<Queue
 /// received when it meets a busy key, when a worker dies holding it, and
 /// when it is held back for a delay. Idem's own dead-lettering must come
 /// first, so that a failed message is recorded, answered and replayable.
-fn check_redrive(policy: &str, max_attempts: u32, queue: &str) -> Result<()> {
+fn check_redrive(policy: &str, max_attempts: u32, queue: &str) -> Result<u64> {
     let policy: serde_json::Value =
         serde_json::from_str(policy).with_context(|| format!("queue {queue:?}: cannot read its RedrivePolicy {policy:?}"))?;
     let max_receives = match &policy["maxReceiveCount"] {
@@ -127,7 +147,7 @@ fn check_redrive(policy: &str, max_attempts: u32, queue: &str) -> Result<()> {
              {needed} (twice retry.max_attempts), or lower retry.max_attempts"
         );
     }
-    Ok(())
+    Ok(max_receives)
 }
 
 /// An SDK error at start, with what to change.
@@ -179,5 +199,18 @@ mod tests {
             "{refused}"
         );
         assert!(check_redrive("{}", 5, "q").is_err());
+    }
+
+    #[test]
+    fn delays_end_before_the_queue_deletes_the_message_or_redrives_it() {
+        let (hour, day) = (60 * 60 * 1000, 24 * 60 * 60 * 1000);
+        assert_eq!(max_delay_ms(4 * day, None, 5), 4 * day - hour, "the default retention");
+        assert_eq!(max_delay_ms(14 * day, None, 5), 14 * day - hour);
+        assert_eq!(max_delay_ms(60_000, None, 5), 54_000, "the shortest retention");
+        // maxReceiveCount 10, 5 attempts: 4 deferrals of 12 hours less a
+        // minute; 20: the retention bounds it.
+        assert_eq!(max_delay_ms(4 * day, Some(10), 5), 4 * 43_140_000);
+        assert_eq!(max_delay_ms(4 * day, Some(20), 5), 4 * day - hour);
+        assert_eq!(max_delay_ms(4 * day, Some(2), 1), 43_140_000, "at least one deferral");
     }
 }

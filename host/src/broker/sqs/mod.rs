@@ -57,10 +57,10 @@ use aws_sdk_sqs::types::{
     SendMessageBatchRequestEntry,
 };
 use aws_sdk_sqs::Client;
-use futures::future::try_join_all;
+use futures::future::{join_all, try_join_all};
 
 use self::track::{Receipt, Track};
-use self::wire::{check_entries, max_delay_ms, secs, unavailable};
+use self::wire::{check_entries, secs, unavailable};
 use super::{Broker, BrokerError, Semantics, Visibility};
 use crate::envelope::{Delivery, Envelope};
 use crate::now_ms;
@@ -85,6 +85,9 @@ pub struct SqsOptions {
     pub wait_secs: u64,
     /// `retry.max_attempts`, checked against the queue's redrive policy.
     pub max_attempts: u32,
+    /// `retry.max_delay_ms`, checked against the queue's retention (a
+    /// retry due after SQS deleted the message would be lost).
+    pub max_retry_delay_ms: u64,
     /// FIFO: `broker.group_pointer`.
     pub group_pointer: Option<String>,
     /// FIFO: each plugin's `key_pointer`, the group when no group pointer
@@ -98,7 +101,7 @@ pub struct SqsBroker {
     url: String,
     fifo: bool,
     /// The longest delay a publish may ask for and a read stamp may carry
-    /// ([`max_delay_ms`] of the queue's retention).
+    /// (`connect::max_delay_ms`).
     max_delay_ms: i64,
     options: SqsOptions,
     track: Mutex<Track>,
@@ -114,7 +117,7 @@ impl SqsBroker {
             client,
             url: queue.url,
             fifo: queue.fifo,
-            max_delay_ms: max_delay_ms(queue.retention_ms),
+            max_delay_ms: queue.max_delay_ms,
             options,
             track: Mutex::new(Track::default()),
         })
@@ -211,7 +214,9 @@ impl SqsBroker {
     /// Set each delivery's visibility (handle, seconds), ten to a call, the
     /// calls at once; handles SQS no longer accepts are skipped.
     async fn set_visibility(&self, handles: &[(&str, i32)], what: &str) -> Result<(), BrokerError> {
-        try_join_all(handles.chunks(BATCH).map(|chunk| async move {
+        // Every call made, whatever another answers: one refused entry must
+        // not leave the other calls' deliveries unextended.
+        let answers = join_all(handles.chunks(BATCH).map(|chunk| async move {
             let entries = chunk
                 .iter()
                 .enumerate()
@@ -234,8 +239,8 @@ impl SqsBroker {
                 .map_err(|e| unavailable(what, e))?;
             check_entries(out.failed(), what)
         }))
-        .await?;
-        Ok(())
+        .await;
+        answers.into_iter().collect()
     }
 
     /// Give a delivery back after `delay`: its visibility becomes the delay.
@@ -314,12 +319,7 @@ impl SqsBroker {
     /// The batch entry publishing `e`, with a dedupe id (FIFO) of `dedupe`.
     fn entry(&self, e: &Envelope, delay: Duration, dedupe: &str) -> Result<(String, SendMessageBatchRequestEntryBuilder), BrokerError> {
         let delay_secs = delay.as_millis().div_ceil(1000) as u64;
-        let stamp = crate::broker::stamp(
-            now_ms(),
-            delay,
-            self.max_delay_ms,
-            "this queue holds a message for (its MessageRetentionPeriod less an hour: SQS deletes a message once that has passed)",
-        )?;
+        let stamp = crate::broker::stamp(now_ms(), delay, self.max_delay_ms, connect::DELAY_BOUND)?;
         let not_before = stamp.filter(|_| self.fifo || delay_secs > MAX_DELAY_SECS);
         let mut b = SendMessageBatchRequestEntry::builder()
             .message_body(wire::body(&e.payload))
@@ -448,7 +448,7 @@ impl Broker for SqsBroker {
 
     async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError> {
         let parsed = receipts.iter().map(|r| parse(r)).collect::<Result<Vec<_>, _>>()?;
-        let deleted = try_join_all(parsed.chunks(BATCH).map(|chunk| async move {
+        let deleted = join_all(parsed.chunks(BATCH).map(|chunk| async move {
             let entries = chunk
                 .iter()
                 .enumerate()
@@ -470,7 +470,9 @@ impl Broker for SqsBroker {
                 .map_err(|e| unavailable("cannot delete acked messages", e))?;
             check_entries(out.failed(), "cannot delete acked messages")
         }))
-        .await;
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>, BrokerError>>();
         // Settled whether or not the delete went through: the worker is
         // done with these messages (one not deleted comes back, and its
         // claim answers it), and a FIFO group's next message may go out.
@@ -538,6 +540,7 @@ impl Broker for SqsBroker {
             visibility: Visibility::PerDelivery,
             early_fetches_count: self.fifo,
             exact_only_at_owner: false,
+            receives_counted: true,
         }
     }
 }

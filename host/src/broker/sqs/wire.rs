@@ -224,13 +224,6 @@ pub(super) fn unavailable<E: ProvideErrorMetadata + std::error::Error + 'static>
     BrokerError::Unavailable(format!("SQS: {what}: {}", DisplayErrorContext(&e)))
 }
 
-/// The longest delay on a queue that keeps messages `retention_ms`: an
-/// hour less (a tenth less on a queue keeping them under ten hours), so
-/// that a message is received and run before SQS deletes it.
-pub(super) fn max_delay_ms(retention_ms: i64) -> i64 {
-    retention_ms - (retention_ms / 10).min(60 * 60 * 1000)
-}
-
 /// A duration in SQS's whole seconds, rounded up, at most 12 hours.
 pub(super) fn secs(d: Duration) -> i32 {
     (d.as_millis().div_ceil(1000) as u64).min(MAX_VISIBILITY_SECS as u64) as i32
@@ -290,13 +283,5 @@ mod tests {
         assert_eq!(secs(Duration::from_millis(1_000)), 1);
         assert_eq!(secs(Duration::from_millis(1_001)), 2);
         assert_eq!(secs(Duration::from_secs(86_400)), 43_200);
-    }
-
-    #[test]
-    fn delays_end_before_the_queue_deletes_the_message() {
-        let day = 24 * 60 * 60 * 1000;
-        assert_eq!(max_delay_ms(4 * day), 4 * day - 60 * 60 * 1000, "the default retention");
-        assert_eq!(max_delay_ms(14 * day), 14 * day - 60 * 60 * 1000);
-        assert_eq!(max_delay_ms(60_000), 54_000, "the shortest retention");
     }
 }
