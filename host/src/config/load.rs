@@ -239,6 +239,7 @@ impl Config {
             ("retention.done_ms", r.done_ms),
             ("retention.dead_letters_ms", r.dead_letters_ms.unwrap_or(0)),
             ("retention.sweep_every_ms", r.sweep_every_ms),
+            ("broker.rebalance_grace_ms", self.broker.rebalance_grace_ms),
         ] {
             check_ms(key, value)?;
         }

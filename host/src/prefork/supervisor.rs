@@ -37,10 +37,10 @@ pub struct Plan {
     pub listen: Option<String>,
     /// How long a process may take to report ready before it is killed.
     pub start_timeout: Duration,
-    /// Asked before a process that was ready once is started again: why it
-    /// must not be (settings changed that the processes still running do
-    /// not have), or nothing. Held back, it is asked again after the next
-    /// delay.
+    /// Asked before each process is started: why it must not be (settings
+    /// changed that the processes started before do not have), or nothing.
+    /// On a first start that stops the whole start; a process started again
+    /// after it died is held back, and asked again after the next delay.
     pub restart_check: Option<RestartCheck>,
 }
 
@@ -247,12 +247,17 @@ async fn keep(slot: Slot, program: Arc<PathBuf>, mut orders: Orders, events: mps
     let mut first = true;
     let mut delay = FIRST_DELAY;
     let status = loop {
-        let held_back = if first {
-            None
-        } else {
-            slot.restart_check.as_ref().and_then(|check| check().err())
-        };
+        // Before every start: the file may have changed since the
+        // supervisor read it, and the processes started before read it then.
+        let held_back = slot.restart_check.as_ref().and_then(|check| check().err());
         if let Some(why) = held_back {
+            if first {
+                let _ = events.send(Event::StartFailed {
+                    index,
+                    why: format!("was not started: {why}"),
+                });
+                break None;
+            }
             tracing::error!("worker process {index} is not started again: {why}; asking again in {delay:?}");
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
