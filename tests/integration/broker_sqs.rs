@@ -265,23 +265,7 @@ async fn sqs_messages_from_other_producers() {
 async fn sqs_a_message_received_again_while_it_runs_is_not_redriven() {
     use crate::common::{envelope, wait_until, Env};
     in_sqs_queue(false, |dlq| async move {
-        let client = sdk_client().await;
-        let dlq_url = client.get_queue_url().queue_name(&dlq).send().await.unwrap().queue_url.unwrap();
-        let arn = client
-            .get_queue_attributes()
-            .queue_url(&dlq_url)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-            .send()
-            .await
-            .unwrap()
-            .attributes
-            .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
-            .clone();
-        let queue = format!("{dlq}-main");
-        let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"6"}}"#);
-        SqsBroker::create_queue(&brokers::sqs_options(&queue), &[("RedrivePolicy", &policy)])
-            .await
-            .unwrap();
+        let queue = redriving_to(&dlq, 6).await;
 
         let mut env = Env::new().await;
         env.config.broker.kind = idem_host::config::BrokerKind::Sqs;
@@ -328,22 +312,7 @@ async fn sqs_wrong_settings_are_refused_at_start_with_the_fix() {
     assert!(err.contains("does not exist") && err.contains("broker.queue"), "{err}");
 
     in_sqs_queue(false, |dlq| async move {
-        let client = sdk_client().await;
-        let dlq_url = client.get_queue_url().queue_name(&dlq).send().await.unwrap().queue_url.unwrap();
-        let arn = client
-            .get_queue_attributes()
-            .queue_url(&dlq_url)
-            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-            .send()
-            .await
-            .unwrap()
-            .attributes
-            .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
-            .clone();
-        let queue = format!("{dlq}-main");
-        let options = brokers::sqs_options(&queue);
-        let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"3"}}"#);
-        SqsBroker::create_queue(&options, &[("RedrivePolicy", &policy)]).await.unwrap();
+        let options = brokers::sqs_options(&redriving_to(&dlq, 3).await);
         let err = SqsBroker::connect(options.clone()).await.err().map(|e| e.to_string());
         SqsBroker::delete_queue(&options).await;
         let err = err.expect("a redrive policy that pre-empts Idem is refused");
@@ -351,8 +320,7 @@ async fn sqs_wrong_settings_are_refused_at_start_with_the_fix() {
 
         // A redrive policy leaving four 12-hour deferrals after 5 attempts
         // and one more receive: a publish delayed three days is refused.
-        let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"10"}}"#);
-        SqsBroker::create_queue(&options, &[("RedrivePolicy", &policy)]).await.unwrap();
+        redriving_to(&dlq, 10).await;
         let b = brokers::sqs(&options).await;
         let three_days = Duration::from_secs(3 * 24 * 3600);
         let err = b.publish(&[brokers::envelope("d")], three_days).await.unwrap_err().to_string();
@@ -406,6 +374,28 @@ async fn sqs_wrong_settings_are_refused_at_start_with_the_fix() {
 
 /// The SDK's own client for the test server, as another producer or an
 /// operator has (the broker's settings, without its queue checks).
+/// Create queue `<dlq>-main`, whose redrive policy moves a message to
+/// queue `dlq` once it has been received `max_receives` times; its name.
+async fn redriving_to(dlq: &str, max_receives: u32) -> String {
+    use aws_sdk_sqs::types::QueueAttributeName::QueueArn;
+    let client = sdk_client().await;
+    let dlq_url = client.get_queue_url().queue_name(dlq).send().await.unwrap().queue_url.unwrap();
+    let attributes = client
+        .get_queue_attributes()
+        .queue_url(&dlq_url)
+        .attribute_names(QueueArn)
+        .send()
+        .await
+        .unwrap();
+    let arn = &attributes.attributes().unwrap()[&QueueArn];
+    let queue = format!("{dlq}-main");
+    let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receives}"}}"#);
+    SqsBroker::create_queue(&brokers::sqs_options(&queue), &[("RedrivePolicy", &policy)])
+        .await
+        .unwrap();
+    queue
+}
+
 async fn sdk_client() -> aws_sdk_sqs::Client {
     SqsBroker::sdk_client(&brokers::sqs_options("unused")).await
 }

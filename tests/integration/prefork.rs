@@ -77,6 +77,18 @@ fn two_processes(env: &mut Env) -> std::path::PathBuf {
     path
 }
 
+/// A pool of two processes (`two_processes`) whose first is starting:
+/// compiling every plugin into an empty compile cache, a start of seconds.
+/// Its supervisor, and the supervisor's log.
+async fn while_the_first_starts(env: &mut Env) -> (Spawned, std::path::PathBuf) {
+    env.config.worker.compile_cache_dir = Some(env.dir.path().join("compiled"));
+    let config_path = two_processes(env);
+    let log_path = env.dir.path().join("supervisor.log");
+    let supervisor = spawn_idem_run(&config_path, &log_path);
+    wait_for_log(&log_path, "worker process 0 started", 1).await;
+    (supervisor, log_path)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_again() {
     let mut env = Env::new().await;
@@ -212,12 +224,8 @@ async fn a_worker_process_is_not_started_again_with_settings_the_other_lacks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sighup_while_a_worker_process_starts_reaches_it_once_ready() {
     let mut env = Env::new().await;
-    env.config.worker.compile_cache_dir = Some(env.dir.path().join("compiled"));
-    let config_path = two_processes(&mut env);
-    let log_path = env.dir.path().join("supervisor.log");
-    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let (mut supervisor, log_path) = while_the_first_starts(&mut env).await;
     let pid = supervisor.id();
-    wait_for_log(&log_path, "worker process 0 started", 1).await;
     assert!(!log(&log_path).contains("worker process 0 ready"), "{}", log(&log_path));
     signal(pid, "-HUP");
     wait_for_log(&log_path, "every worker process is ready", 1).await;
@@ -332,15 +340,9 @@ async fn worker_processes_stop_when_their_supervisor_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_worker_processes_start_lets_them_start_then_drain() {
     let mut env = Env::new().await;
-    // An empty compile cache: the first process compiles every plugin, a
-    // start long enough for the stop to arrive during it.
-    env.config.worker.compile_cache_dir = Some(env.dir.path().join("compiled"));
-    let config_path = two_processes(&mut env);
-    let log_path = env.dir.path().join("supervisor.log");
-    let mut supervisor = spawn_idem_run(&config_path, &log_path);
     // At once: the first worker process is starting (it is not passed a
     // signal it may not have a handler for yet), the second not started.
-    wait_for_log(&log_path, "worker process 0 started", 1).await;
+    let (mut supervisor, log_path) = while_the_first_starts(&mut env).await;
     signal(supervisor.id(), "-TERM");
     let status = wait_exit(&mut supervisor).await;
     let text = log(&log_path);
