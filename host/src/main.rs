@@ -313,7 +313,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, listen: Option<String
 fn restart_check(started: Config, path: PathBuf) -> prefork::RestartCheck {
     std::sync::Arc::new(move || {
         let fresh = Config::load(&path).map_err(|e| format!("{} does not load ({e:#}); fix it", path.display()))?;
-        let pending = idem_host::reload::restart_only_changes(&started, &fresh);
+        let pending = idem_host::config::restart_only_changes(&started, &fresh);
         if pending.is_empty() {
             return Ok(());
         }

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::config::Limits;
 
 /// Collections and endpoints a plugin may use.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grants {
     /// Collection names.
     pub collections: BTreeSet<String>,

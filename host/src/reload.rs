@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Grants;
 use crate::claim::ClaimAdmin;
-use crate::config::{Config, PluginConfig};
+use crate::config::{changed_settings, take_reloadable, Config, PluginConfig};
 use crate::runtime::Runtime;
 
 /// Changes are applied once the plugin files have been quiet this long.
@@ -119,30 +119,24 @@ impl Reloader {
         let mut needs_restart = Vec::new();
         if let Some(path) = &self.config_path {
             match Config::load(path).and_then(|fresh| self.within_reservation(fresh)) {
-                Ok(mut fresh) => {
+                Ok(fresh) => {
                     let mut config = self.config.lock().expect("config poisoned");
                     limits_changed = changed_settings(&config.limits, &fresh.limits);
                     for (setting, old, new) in &limits_changed {
                         tracing::info!(setting = %format!("limits.{setting}"), %old, %new, "limit default changed: plugins without their own value run with the new one");
                     }
-                    needs_restart = restart_only_changes(&config, &fresh);
-                    for (name, old) in &config.plugins {
-                        match fresh.plugins.get_mut(name) {
-                            None => {
-                                tracing::warn!(plugin = %name, "plugin removed from the configuration; it stays loaded until the pool restarts");
-                            }
-                            Some(p) if p.key_pointer != old.key_pointer => {
-                                tracing::error!(plugin = %name, "plugins.{name}.key_pointer changed: not applied, the idempotency keys must stay the same while messages are in flight; drain the queue and restart to change it");
-                                p.key_pointer = old.key_pointer.clone();
-                            }
-                            Some(_) => {}
-                        }
+                    let taken = take_reloadable(&config, &fresh);
+                    for name in &taken.removed {
+                        tracing::warn!(plugin = %name, "plugin removed from the configuration; it stays loaded until the pool restarts");
                     }
-                    let (next, not_applied) = reloadable_part(&config, &fresh);
-                    for setting in &not_applied {
+                    for name in &taken.key_pointers {
+                        tracing::error!(plugin = %name, "plugins.{name}.key_pointer changed: not applied, the idempotency keys must stay the same while messages are in flight; drain the queue and restart to change it");
+                    }
+                    for setting in &taken.left_out {
                         tracing::warn!(%setting, file = %path.display(), "setting changed in the configuration file but not applied: it takes a restart of the pool");
                     }
-                    *config = next;
+                    needs_restart = taken.restart_only();
+                    *config = taken.next;
                     drop(config);
                     self.watch_new_dirs();
                 }
@@ -244,7 +238,11 @@ impl Reloader {
     /// `p` and `config`, without reading or compiling its file.
     fn apply_settings(&self, name: &str, p: &PluginConfig, current: &crate::runtime::Plugin, config: &Config, report: &mut ReloadReport) {
         let grants = Grants::new(p.collections.iter().cloned(), p.endpoints.iter().cloned());
-        match self.runtime.with_settings(current, grants, config.limits_for(name)) {
+        let limits = config.limits_for(name);
+        if current.grants == grants && current.limits == limits {
+            return;
+        }
+        match self.runtime.with_settings(current, grants, limits) {
             Ok(plugin) => self.runtime.install(plugin),
             Err(e) => refuse(report, name, &self.runtime, format!("{e:#}")),
         }
@@ -363,93 +361,6 @@ impl Reloader {
     }
 }
 
-/// The settings of `fresh` that a pool running `running` takes only when
-/// it restarts, by dotted name: a plugin removed (it stays loaded), a
-/// plugin's `key_pointer` (it decides the idempotency keys, which must stay
-/// the same while messages are in flight), and every setting outside
-/// `[limits]` and the plugin sections ([`reloadable_part`]). A worker
-/// process started again beside others still running must not take them
-/// either (`worker.processes`).
-pub fn restart_only_changes(running: &Config, fresh: &Config) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut same_keys = fresh.clone();
-    for (name, old) in &running.plugins {
-        match same_keys.plugins.get_mut(name) {
-            None => out.push(format!("plugins.{name}")),
-            Some(p) if p.key_pointer != old.key_pointer => {
-                out.push(format!("plugins.{name}.key_pointer"));
-                p.key_pointer = old.key_pointer.clone();
-            }
-            Some(_) => {}
-        }
-    }
-    out.extend(reloadable_part(running, &same_keys).1);
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// What a running pool takes of `fresh`: the running configuration with
-/// `fresh`'s `[limits]` and plugin sections, each plugin's `celery_task` as
-/// it runs (the Celery broker routes the task names it started with) and
-/// its grants of endpoints the pool started with; and the settings of
-/// `fresh` left out, by dotted name.
-fn reloadable_part(running: &Config, fresh: &Config) -> (Config, Vec<String>) {
-    let mut next = running.clone();
-    next.limits = fresh.limits.clone();
-    next.plugins = fresh.plugins.clone();
-    for (name, p) in &mut next.plugins {
-        p.celery_task = running.plugins.get(name).and_then(|old| old.celery_task.clone());
-        // Endpoints are set up at start: a grant of one the pool does not
-        // have would only fail every call.
-        p.endpoints.retain(|e| running.endpoints.contains_key(e));
-    }
-    let value = |c: &Config| toml::Value::try_from(c).unwrap_or(toml::Value::Table(toml::Table::new()));
-    let mut left_out = Vec::new();
-    differences(&value(&next), &value(fresh), "", &mut left_out);
-    (next, left_out)
-}
-
-/// The dotted names under which two TOML values differ, down to the
-/// innermost table holding each difference.
-fn differences(old: &toml::Value, new: &toml::Value, at: &str, out: &mut Vec<String>) {
-    match (old, new) {
-        (toml::Value::Table(a), toml::Value::Table(b)) => {
-            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
-                match (a.get(k), b.get(k)) {
-                    (Some(x), Some(y)) => differences(x, y, &path, out),
-                    (x, y) if x != y => out.push(path),
-                    _ => {}
-                }
-            }
-        }
-        (a, b) if a != b => out.push(at.to_string()),
-        _ => {}
-    }
-}
-
-/// The fields of two values (as TOML tables) that differ: (name, old, new).
-fn changed_settings<T: serde::Serialize>(old: &T, new: &T) -> Vec<(String, String, String)> {
-    let table = |v: &T| match toml::Value::try_from(v) {
-        Ok(toml::Value::Table(t)) => t,
-        _ => toml::Table::new(),
-    };
-    let (old, new) = (table(old), table(new));
-    let show = |v: Option<&toml::Value>| v.map(ToString::to_string).unwrap_or_else(|| "unset".into());
-    let mut names: Vec<&String> = old.keys().chain(new.keys()).collect();
-    names.sort();
-    names.dedup();
-    names
-        .into_iter()
-        .filter(|k| old.get(*k) != new.get(*k))
-        .map(|k| (k.clone(), show(old.get(k)), show(new.get(k))))
-        .collect()
-}
-
 fn refuse(report: &mut ReloadReport, name: &str, runtime: &Runtime, why: String) {
     let serving = runtime.plugin(name).map(|p| p.version.clone());
     tracing::error!(
@@ -460,84 +371,4 @@ fn refuse(report: &mut ReloadReport, name: &str, runtime: &Runtime, why: String)
     );
     metrics::counter!("idem_plugin_reloads_total", "plugin" => name.to_string(), "result" => "refused").increment(1);
     report.refused.push((name.to_string(), why));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Limits;
-
-    #[test]
-    fn settings_a_running_pool_cannot_take_are_named_and_left_as_they_run() {
-        let mut running = Config::default();
-        running.plugins.insert(
-            "pay".into(),
-            PluginConfig {
-                path: "pay.wasm".into(),
-                collections: vec!["payments".into()],
-                endpoints: Vec::new(),
-                key_pointer: None,
-                celery_task: Some("billing.pay".into()),
-                limits: None,
-            },
-        );
-        let mut fresh = running.clone();
-        fresh.worker.concurrency += 1;
-        fresh.namespace = "other".into();
-        fresh.limits.cpu_ms += 1;
-        fresh.endpoints.insert(
-            "bank".into(),
-            crate::config::EndpointConfig {
-                url: "http://127.0.0.1:9/".into(),
-                timeout_ms: 1000,
-            },
-        );
-        let pay = fresh.plugins.get_mut("pay").unwrap();
-        pay.celery_task = Some("billing.pay_v2".into());
-        pay.collections.push("ledger".into());
-        pay.endpoints.push("bank".into());
-        let mut added = pay.clone();
-        added.celery_task = Some("billing.refund".into());
-        fresh.plugins.insert("refund".into(), added);
-
-        let (next, left_out) = reloadable_part(&running, &fresh);
-        assert_eq!(
-            left_out,
-            [
-                "endpoints.bank",
-                "namespace",
-                "plugins.pay.celery_task",
-                "plugins.pay.endpoints",
-                "plugins.refund.celery_task",
-                "plugins.refund.endpoints",
-                "worker.concurrency"
-            ]
-        );
-        assert_eq!(
-            (next.namespace.as_str(), next.worker.concurrency),
-            (running.namespace.as_str(), running.worker.concurrency)
-        );
-        assert_eq!(next.limits.cpu_ms, fresh.limits.cpu_ms, "limits are reloadable");
-        assert_eq!(next.plugins["pay"].collections, ["payments", "ledger"], "grants are reloadable");
-        assert_eq!(next.plugins["pay"].celery_task.as_deref(), Some("billing.pay"));
-        assert!(next.plugins["pay"].endpoints.is_empty(), "no grant of an endpoint the pool lacks");
-        assert_eq!(next.plugins["refund"].celery_task, None);
-        assert!(reloadable_part(&running, &running).1.is_empty());
-    }
-
-    #[test]
-    fn changed_settings_lists_each_difference_by_name() {
-        let old = Limits::default();
-        let new = Limits {
-            cpu_ms: old.cpu_ms + 1,
-            max_log_lines: old.max_log_lines + 2,
-            ..old.clone()
-        };
-        let changed = changed_settings(&old, &new);
-        let names: Vec<&str> = changed.iter().map(|(n, _, _)| n.as_str()).collect();
-        assert_eq!(names, vec!["cpu_ms", "max_log_lines"]);
-        assert_eq!(changed[0].1, old.cpu_ms.to_string());
-        assert_eq!(changed[0].2, (old.cpu_ms + 1).to_string());
-        assert!(changed_settings(&old, &old.clone()).is_empty());
-    }
 }

@@ -436,6 +436,11 @@ async fn sighup_narrowing_grants_applies_them_while_the_file_cannot_be_loaded() 
     std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
     let backends = backend::open(&env.config).await.unwrap();
     let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
+    // A SIGHUP that changes nothing leaves the plugin serving as it is.
+    let report = reloader.reload_config().await;
+    assert!(report.refused.is_empty() && report.swapped.is_empty(), "{report:?}");
+    let same = runtime.plugin("grant-credits").unwrap();
+    assert!(std::sync::Arc::ptr_eq(&same, &serving), "unchanged: the same plugin serves");
 
     let mut narrowed = env.config.clone();
     let plugin = narrowed.plugins.get_mut("grant-credits").unwrap();
@@ -457,6 +462,10 @@ async fn sighup_narrowing_grants_applies_them_while_the_file_cannot_be_loaded() 
             now.grants
         );
         assert_eq!(now.limits.cpu_ms, env.config.limits.cpu_ms / 2, "{what}");
+        assert_eq!(
+            now.loaded_at, serving.loaded_at,
+            "{what}: the version serving was loaded when it was"
+        );
     }
     std::fs::remove_file(&file).unwrap();
     let report = reloader.reload_config().await;

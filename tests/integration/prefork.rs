@@ -77,6 +77,17 @@ fn two_processes(env: &mut Env) -> std::path::PathBuf {
     path
 }
 
+/// The supervisor of the pool `config_path` describes, once every worker
+/// process is ready: its process, its log, and its two worker processes.
+async fn ready_pool(env: &Env, config_path: &Path) -> (Spawned, std::path::PathBuf, Vec<u32>) {
+    let log_path = env.dir.path().join("supervisor.log");
+    let supervisor = spawn_idem_run(config_path, &log_path);
+    wait_for_log(&log_path, "every worker process is ready", 1).await;
+    let workers = worker_pids(supervisor.id());
+    assert_eq!(workers.len(), 2, "{}", log(&log_path));
+    (supervisor, log_path, workers)
+}
+
 /// A pool of two processes (`two_processes`) whose first is starting:
 /// compiling every plugin into an empty compile cache, a start of seconds.
 /// Its supervisor, and the supervisor's log.
@@ -99,13 +110,9 @@ async fn pinned_worker_processes_share_the_queue_and_a_killed_one_is_started_aga
     let schedule = Schedule::new(MESSAGES as usize, 7, &env.mock);
     let published = schedule.publish(backends.broker.as_ref()).await.unwrap();
     assert!(published > MESSAGES, "with duplicates");
-    let log_path = env.dir.path().join("supervisor.log");
-    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let (mut supervisor, log_path, workers) = ready_pool(&env, &config_path).await;
     let pid = supervisor.id();
-    wait_for_log(&log_path, "every worker process is ready", 1).await;
 
-    let workers = worker_pids(pid);
-    assert_eq!(workers.len(), 2, "{}", log(&log_path));
     let text = log(&log_path);
     assert!(
         text.contains("[process 0] ") && text.contains("[process 1] "),
@@ -190,12 +197,8 @@ async fn a_worker_process_that_cannot_start_stops_the_start_with_its_error() {
 async fn a_worker_process_is_not_started_again_with_settings_the_other_lacks() {
     let mut env = Env::new().await;
     let config_path = two_processes(&mut env);
-    let log_path = env.dir.path().join("supervisor.log");
-    let mut supervisor = spawn_idem_run(&config_path, &log_path);
+    let (mut supervisor, log_path, workers) = ready_pool(&env, &config_path).await;
     let pid = supervisor.id();
-    wait_for_log(&log_path, "every worker process is ready", 1).await;
-    let workers = worker_pids(pid);
-    assert_eq!(workers.len(), 2, "{}", log(&log_path));
 
     let started = std::fs::read_to_string(&config_path).unwrap();
     let mut changed = env.config.clone();

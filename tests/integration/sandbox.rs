@@ -2,9 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use idem_host::app::inspection_runtime;
+use idem_host::app::{inspection_runtime, Pool};
 use idem_host::capabilities::Grants;
 use idem_host::config::Limits;
+use idem_host::envelope::Envelope;
 use serde_json::json;
 
 use crate::common::*;
@@ -19,20 +20,21 @@ async fn attack_in(mut env: Env, mode: &str) -> (String, idem_host::stats::Snaps
     env.config.retry.max_traps = 1;
     env.config.retry.max_attempts = 1;
     let pool = env.start().await;
-    pool.backends
-        .broker
-        .publish(
-            &[envelope(&format!("attack-{mode}"), "hostile", json!({ "mode": mode }))],
-            Duration::ZERO,
-        )
-        .await
-        .unwrap();
-    drain(&pool).await;
-    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
-    assert_eq!(letters.len(), 1, "{mode}: {letters:?}");
+    let reason = dead_letter_of(&pool, envelope(&format!("attack-{mode}"), "hostile", json!({ "mode": mode }))).await;
     let c = pool.counters.snapshot();
     pool.stop().await.unwrap();
-    (letters[0].reason.clone(), c)
+    (reason, c)
+}
+
+/// Publish `message`, wait until the pool has nothing left to do, and
+/// return the reason of the one dead letter it left.
+async fn dead_letter_of(pool: &Pool, message: Envelope) -> String {
+    let id = message.id.clone();
+    pool.backends.broker.publish(&[message], Duration::ZERO).await.unwrap();
+    drain(pool).await;
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{id}: {letters:?}");
+    letters[0].reason.clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,18 +92,8 @@ async fn endless_host_calls_are_stopped_by_the_timeout() {
     env.config.retry.max_traps = 1;
     env.config.retry.max_attempts = 1;
     let pool = env.start().await;
-    pool.backends
-        .broker
-        .publish(
-            &[envelope("attack-host-loop", "hostile", json!({ "mode": "host-call-loop" }))],
-            Duration::ZERO,
-        )
-        .await
-        .unwrap();
-    drain(&pool).await;
-    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
-    assert_eq!(letters.len(), 1);
-    assert!(letters[0].reason.contains("limits.timeout_ms = 1000"), "{}", letters[0].reason);
+    let reason = dead_letter_of(&pool, envelope("attack-host-loop", "hostile", json!({ "mode": "host-call-loop" }))).await;
+    assert!(reason.contains("limits.timeout_ms = 1000"), "{reason}");
     pool.stop().await.unwrap();
 }
 
@@ -145,15 +137,8 @@ async fn a_start_function_that_never_returns_is_stopped_by_the_timeout() {
     env.config.retry.max_traps = 1;
     env.config.retry.max_attempts = 1;
     let pool = env.start().await;
-    pool.backends
-        .broker
-        .publish(&[envelope("spin-at-start-1", "spin-at-start", json!({}))], Duration::ZERO)
-        .await
-        .unwrap();
-    drain(&pool).await;
-    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
-    assert_eq!(letters.len(), 1, "{letters:?}");
-    assert!(letters[0].reason.contains("limits.timeout_ms = 200"), "{}", letters[0].reason);
+    let reason = dead_letter_of(&pool, envelope("spin-at-start-1", "spin-at-start", json!({}))).await;
+    assert!(reason.contains("limits.timeout_ms = 200"), "{reason}");
     assert_eq!(pool.counters.snapshot().traps, 1);
     pool.stop().await.unwrap();
 }

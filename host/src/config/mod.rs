@@ -11,9 +11,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+mod changes;
 mod load;
 mod worker;
 
+pub use changes::restart_only_changes;
+pub(crate) use changes::{changed_settings, take_reloadable};
 pub use worker::{OutagePolicy, Processes, WorkerConfig, REDIS_MAX_VISIBILITY_MS};
 
 /// The whole configuration file.
@@ -333,7 +336,7 @@ impl Default for RetryConfig {
 }
 
 /// Sandbox limits.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Guest time per execution, in milliseconds: epoch ticks counted

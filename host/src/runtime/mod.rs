@@ -398,6 +398,7 @@ impl Runtime {
     /// `plugin`'s code (the same version, nothing compiled or read) with
     /// other grants and limits: a change of settings alone, which must
     /// not wait on the plugin's file (being copied, missing) to apply.
+    /// It keeps `loaded_at`: the version is the one loaded then.
     pub fn with_settings(&self, plugin: &Plugin, grants: Grants, limits: Limits) -> Result<Arc<Plugin>> {
         let code = match &plugin.code {
             Code::Wasm(pre, footprint) => {
@@ -410,7 +411,6 @@ impl Runtime {
             info: Arc::new(PluginInfo {
                 grants,
                 limits,
-                loaded_at: crate::now_ms(),
                 ..(*plugin.info).clone()
             }),
             code,

@@ -206,12 +206,6 @@ impl Worker {
                 }
             }
         };
-        // Where every receive counts toward a redrive policy, a busy key
-        // is not received again sooner than its claim can change.
-        let busy_wait = match self.backends.broker.semantics().receives_counted {
-            true => Duration::MAX,
-            false => self.options.busy_retry,
-        };
         let mut run = Vec::new();
         let mut acks = Vec::new();
         for (k, outcome) in candidates.into_iter().zip(outcomes) {
@@ -223,7 +217,7 @@ impl Worker {
                     continue;
                 }
             };
-            match answer(outcome, busy_wait) {
+            match answer(outcome, self.busy_wait) {
                 Answer::Run { fence, attempt, traps } => {
                     let claim = ClaimRef {
                         plugin: k.plugin.name.clone(),

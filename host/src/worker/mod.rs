@@ -109,6 +109,10 @@ pub struct Worker {
     durations: Durations,
     /// Executions waiting for their confirm.
     confirms: ConfirmQueue,
+    /// How long a busy key waits before it is received again: the busy
+    /// retry, or, where every receive counts toward a redrive policy, no
+    /// sooner than its claim can change. Fixed for the broker's life.
+    busy_wait: Duration,
 }
 
 impl Worker {
@@ -116,6 +120,10 @@ impl Worker {
     pub fn new(backends: Backends, runtime: Arc<Runtime>, caps: Arc<Capabilities>, options: WorkerOptions) -> Arc<Self> {
         let counters = caps.counters.clone();
         let confirms = ConfirmQueue::new(caps.hooks.confirm_queue.unwrap_or(options.concurrency * 4 + confirm::CONFIRM_BATCH));
+        let busy_wait = match backends.broker.semantics().receives_counted {
+            true => Duration::MAX,
+            false => options.busy_retry,
+        };
         Arc::new(Worker {
             backends,
             runtime,
@@ -125,6 +133,7 @@ impl Worker {
             in_flight: Arc::default(),
             durations: Durations::default(),
             confirms,
+            busy_wait,
         })
     }
 
