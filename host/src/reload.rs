@@ -289,10 +289,11 @@ impl Reloader {
         // Weak: the reloader keeps the watcher, which keeps this callback.
         let files = Arc::downgrade(self);
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Only the plugin files count: other files in the directory (a
+            // Only the plugin files count, and the links and directories
+            // they may be reached through: other files in the directory (a
             // SQLite database, say) may change all the time.
             let (Ok(e), Some(files)) = (event, files.upgrade()) else { return };
-            if !e.kind.is_access() && e.paths.iter().any(|p| files.is_plugin_file(p)) {
+            if !e.kind.is_access() && e.paths.iter().any(|p| files.is_plugin_file(p) || may_lead_to_a_plugin(p)) {
                 let _ = tx.send(());
             }
         })
@@ -359,6 +360,15 @@ impl Reloader {
             }
         }
     }
+}
+
+/// Is `path` (as a watcher reports it) a link or a directory? A plugin
+/// file may be reached through one: a deploy that swaps a link (Kubernetes
+/// mounts a ConfigMap as `name -> ..data/name`, and replaces `..data`)
+/// changes the plugin without an event naming its file. A reload after one
+/// compiles nothing unless a plugin's content changed.
+fn may_lead_to_a_plugin(path: &Path) -> bool {
+    path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink() || m.is_dir())
 }
 
 fn refuse(report: &mut ReloadReport, name: &str, runtime: &Runtime, why: String) {

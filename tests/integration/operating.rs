@@ -337,6 +337,50 @@ async fn a_plugin_added_by_sighup_in_a_new_directory_is_watched() {
     );
 }
 
+/// A plugin file reached through a link that a deploy swaps (the layout
+/// of a Kubernetes ConfigMap or Secret volume: `name -> ..data/name`,
+/// `..data -> ..<timestamp>`, and a deploy renames a new `..data` over the
+/// old) is reloaded by the watcher: no event names the plugin file. Before,
+/// only events naming a plugin file counted and the old version served on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_deployed_by_swapping_a_link_is_swapped_in() {
+    use std::os::unix::fs::symlink;
+    let (mut env, _, original) = reload_env(true).await;
+    let mounted = env.dir.path().join("mounted");
+    let deploy = |version: &str, bytes: &[u8]| {
+        let dir = mounted.join(format!("..{version}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("grant_credits.wasm"), bytes).unwrap();
+        symlink(format!("..{version}"), mounted.join("..data_tmp")).unwrap();
+        std::fs::rename(mounted.join("..data_tmp"), mounted.join("..data")).unwrap();
+    };
+    deploy("2026_12_07_v1", &original);
+    symlink("..data/grant_credits.wasm", mounted.join("grant_credits.wasm")).unwrap();
+    env.config.plugins.get_mut("grant-credits").unwrap().path = mounted.join("grant_credits.wasm");
+    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
+    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
+    let v1 = runtime.plugin("grant-credits").unwrap().version.clone();
+    assert_eq!(v1, idem_host::plugin::version_of(&original));
+    let backends = backend::open(&env.config).await.unwrap();
+    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), None);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let watching = reloader.watch(stop.clone()).unwrap();
+
+    let v2_bytes = with_custom_section(&original, "v2");
+    deploy("2026_12_07_v2", &v2_bytes);
+    std::fs::remove_dir_all(mounted.join("..2026_12_07_v1")).unwrap();
+    let v2 = idem_host::plugin::version_of(&v2_bytes);
+    wait_until(
+        Duration::from_secs(30),
+        "the version behind the swapped link to be swapped in",
+        || async { runtime.plugin("grant-credits").is_some_and(|p| p.version == v2) },
+    )
+    .await;
+    assert_ne!(v1, v2);
+    stop.cancel();
+    watching.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaults_are_reported() {
     let (env, file, original) = reload_env(false).await;
