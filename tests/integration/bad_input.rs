@@ -1,9 +1,15 @@
 //! Bad input ends in the dead-letter store with a reason; nothing crashes,
 //! nothing is lost.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use idem_host::app::Pool;
+use idem_host::bindings::idem::handler::types::{HandlerError, Message};
 use idem_host::envelope::Envelope;
+use idem_host::hooks::Hooks;
+use idem_host::runtime::native::{NativeCtx, NativeHandler};
+use idem_host::worker::WorkerOptions;
 use serde_json::json;
 
 use crate::common::*;
@@ -160,4 +166,52 @@ async fn malformed_envelopes_from_the_broker_are_dead_lettered() {
     assert_eq!(pool.backends.data.scan("credits").await.unwrap().len(), 1);
     pool.stop().await.unwrap();
     crate::pool::cleanup(&env.config).await;
+}
+
+/// A native handler that panics on the message with id `.0`: a host bug
+/// on the message path, inside the handler's run.
+struct PanicsOn(&'static str);
+
+#[async_trait::async_trait]
+impl NativeHandler for PanicsOn {
+    async fn handle(&self, _ctx: &mut NativeCtx, msg: &Message) -> Result<(), HandlerError> {
+        if msg.id == self.0 {
+            panic!("the test's handler panics on {}", msg.id);
+        }
+        Ok(())
+    }
+}
+
+/// A panic in the host while a handler runs is that execution's trap:
+/// retried, then dead-lettered at `retry.max_traps` with the panic's text,
+/// the message beside it done. Before, the panic unwound the task: the
+/// delivery and its claim stayed held until their timeouts, and the
+/// message came back until its attempts ran out, with no word of why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_host_while_a_handler_runs_is_a_trap() {
+    let env = Env::new().await;
+    let config = &env.config;
+    let natives: Vec<(String, Arc<dyn NativeHandler>)> = vec![("grant-credits".into(), Arc::new(PanicsOn("panics")))];
+    let pool = Pool::start_native(config, WorkerOptions::from_config(config), Hooks::default(), natives)
+        .await
+        .unwrap();
+    let messages = [
+        envelope("panics", "grant-credits", json!({ "user": "u1", "balance": 1 })),
+        envelope("fine", "grant-credits", json!({ "user": "u2", "balance": 2 })),
+    ];
+    pool.backends.broker.publish(&messages, Duration::ZERO).await.unwrap();
+    drain(&pool).await;
+    let letters = pool.backends.admin.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].msg_id, "panics");
+    assert!(
+        letters[0]
+            .reason
+            .contains("the host panicked while running the handler: the test's handler panics on panics"),
+        "{}",
+        letters[0].reason
+    );
+    assert_eq!(pool.counters.snapshot().traps, u64::from(config.retry.max_traps));
+    assert_eq!(pool.backends.admin.counts().await.unwrap().done, 1);
+    pool.stop().await.unwrap();
 }

@@ -2,14 +2,17 @@
 //! handler slot as soon as the handler returns, wait for the writes it
 //! queued (write-behind), and hand the outcome to settling.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::admit::Admission;
 use super::Worker;
 use crate::capabilities::Execution;
+use crate::runtime::Outcome;
 use crate::stats::Counters;
 
 /// What a message holds while its handler runs.
@@ -39,7 +42,17 @@ impl Worker {
         };
         let writes = exec.writes.clone();
         let started = std::time::Instant::now();
-        let outcome = self.runtime.run(&self.caps, &k.plugin, exec).instrument(span.clone()).await;
+        // A panic in the host while the handler runs (a host function, the
+        // runtime) is the execution's trap, settled as any other: retried,
+        // then dead-lettered at `retry.max_traps`. Unwinding the task
+        // instead would leave its delivery and claim held until their
+        // timeouts, and on Kafka the partition's commits behind it.
+        let run = AssertUnwindSafe(self.runtime.run(&self.caps, &k.plugin, exec)).catch_unwind();
+        let outcome = run.instrument(span.clone()).await.unwrap_or_else(|panic| {
+            let why = panic_text(panic.as_ref());
+            tracing::error!(panic = %why, "the host panicked while running the handler; counted as a trap");
+            Outcome::Trapped(format!("the host panicked while running the handler: {why}"))
+        });
         self.durations.record(&k.plugin.name, started.elapsed().as_secs_f64());
         // The handler is done with its slot and its place in hand: its
         // attempt is spent, so a crash from here on costs no message an
@@ -55,4 +68,13 @@ impl Worker {
         self.settle(a, outcome).instrument(span).await;
         drop(settling);
     }
+}
+
+/// What a panic said, as `panic!` was given it.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
