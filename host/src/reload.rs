@@ -293,7 +293,14 @@ impl Reloader {
             // they may be reached through: other files in the directory (a
             // SQLite database, say) may change all the time.
             let (Ok(e), Some(files)) = (event, files.upgrade()) else { return };
-            if !e.kind.is_access() && e.paths.iter().any(|p| files.is_plugin_file(p) || may_lead_to_a_plugin(p)) {
+            // (Writes to a file's data are no link's or directory's: the
+            // writes of a database beside the plugins cost no look.)
+            let written = matches!(e.kind, notify::EventKind::Modify(notify::event::ModifyKind::Data(_)));
+            if !e.kind.is_access()
+                && e.paths
+                    .iter()
+                    .any(|p| files.is_plugin_file(p) || (!written && may_lead_to_a_plugin(p)))
+            {
                 let _ = tx.send(());
             }
         })
