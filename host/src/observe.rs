@@ -193,6 +193,7 @@ fn publish_counters(c: &Counters) {
     metrics::counter!("idem_lease_extensions_total").absolute(s.lease_extensions);
     metrics::counter!("idem_fence_rejections_total").absolute(s.fence_rejections);
     metrics::counter!("idem_outage_decisions_total").absolute(s.outage_decisions);
+    metrics::counter!("idem_host_panics_total").absolute(s.host_panics);
     metrics::counter!("idem_external_calls_total").absolute(s.external_calls);
     metrics::counter!("idem_journal_replays_total").absolute(s.journal_replays);
     metrics::counter!("idem_writes_paced_total").absolute(s.writes_paced);

@@ -64,6 +64,8 @@ counters! {
     crashes,
     /// Times the claim store was unreachable and the outage policy applied.
     outage_decisions,
+    /// Executions during which the host panicked (a host bug).
+    host_panics,
 }
 
 impl Counters {

@@ -176,19 +176,20 @@ struct PanicsOn(&'static str);
 impl NativeHandler for PanicsOn {
     async fn handle(&self, _ctx: &mut NativeCtx, msg: &Message) -> Result<(), HandlerError> {
         if msg.id == self.0 {
-            panic!("the test's handler panics on {}", msg.id);
+            panic!("the test's handler panics on {}: {}", msg.id, "x".repeat(10_000));
         }
         Ok(())
     }
 }
 
-/// A panic in the host while a handler runs is that execution's trap:
-/// retried, then dead-lettered at `retry.max_traps` with the panic's text,
-/// the message beside it done. Before, the panic unwound the task: the
-/// delivery and its claim stayed held until their timeouts, and the
-/// message came back until its attempts ran out, with no word of why.
+/// A panic in the host while a handler runs is a host error: retried
+/// without counting a trap, dead-lettered once its attempts are spent with
+/// the panic's text (cut to 4 KiB), counted apart; the message beside it
+/// is done. Before, the panic unwound the task: the delivery and its claim
+/// stayed held until their timeouts, and the message came back until its
+/// attempts ran out, dead-lettered with no word of why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panic_in_the_host_while_a_handler_runs_is_a_trap() {
+async fn a_panic_in_the_host_while_a_handler_runs_is_retried_as_a_host_error() {
     let env = Env::new().await;
     let config = &env.config;
     let natives: Vec<(String, Arc<dyn NativeHandler>)> = vec![("grant-credits".into(), Arc::new(PanicsOn("panics")))];
@@ -207,11 +208,17 @@ async fn a_panic_in_the_host_while_a_handler_runs_is_a_trap() {
     assert!(
         letters[0]
             .reason
-            .contains("the host panicked while running the handler: the test's handler panics on panics"),
+            .contains("the host panicked while running the handler: the test's handler panics on panics: xxx"),
         "{}",
         letters[0].reason
     );
-    assert_eq!(pool.counters.snapshot().traps, u64::from(config.retry.max_traps));
+    assert!(
+        letters[0].reason.len() < 4096 + 200,
+        "cut to 4 KiB: {} bytes",
+        letters[0].reason.len()
+    );
+    let c = pool.counters.snapshot();
+    assert_eq!((c.host_panics, c.traps), (u64::from(config.retry.max_attempts), 0));
     assert_eq!(pool.backends.admin.counts().await.unwrap().done, 1);
     pool.stop().await.unwrap();
 }

@@ -24,8 +24,8 @@ use crate::text::{tail_chars, truncate_utf8};
 /// Bytes of stdout/stderr kept per execution (a panic message lands here).
 const STDIO_CAPACITY: usize = 64 * 1024;
 
-/// Handler-supplied error text is kept to 4 KiB.
-const MAX_ERROR_BYTES: usize = 4096;
+/// Error text kept in a reason (a handler's, a host panic's) is cut to 4 KiB.
+pub const MAX_ERROR_BYTES: usize = 4096;
 
 /// A component pre-linked against the world version it was built for.
 #[derive(Clone)]

@@ -28,8 +28,8 @@ use crate::capabilities::{Capabilities, Execution, Grants};
 use crate::config::Limits;
 use crate::plugin::{version_of, PluginInfo};
 use footprint::{Capacity, Footprint};
-pub use instance::HostState;
 use instance::Pre;
+pub use instance::{HostState, MAX_ERROR_BYTES};
 pub use outcome::Outcome;
 pub use world::{component_imports, import_allowed};
 

@@ -19,7 +19,8 @@ pub enum Outcome {
     FenceLost,
     /// Fault injection stopped the execution as if the worker had died.
     Crashed,
-    /// The host could not run the handler (e.g. no free instance slot).
+    /// The host could not run the handler (e.g. no free instance slot), or
+    /// panicked while it ran.
     HostError(String),
 }
 

@@ -12,8 +12,9 @@ use tracing::Instrument;
 use super::admit::Admission;
 use super::Worker;
 use crate::capabilities::Execution;
-use crate::runtime::Outcome;
+use crate::runtime::{Outcome, MAX_ERROR_BYTES};
 use crate::stats::Counters;
+use crate::text::truncate_utf8;
 
 /// What a message holds while its handler runs.
 pub(super) struct Held {
@@ -43,15 +44,17 @@ impl Worker {
         let writes = exec.writes.clone();
         let started = std::time::Instant::now();
         // A panic in the host while the handler runs (a host function, the
-        // runtime) is the execution's trap, settled as any other: retried,
-        // then dead-lettered at `retry.max_traps`. Unwinding the task
-        // instead would leave its delivery and claim held until their
-        // timeouts, and on Kafka the partition's commits behind it.
+        // runtime) is a host error, settled as any other: retried without
+        // counting a trap (the plugin is not at fault), dead-lettered once
+        // `retry.max_attempts` are spent. Unwinding the task instead would
+        // leave its delivery and claim held until their timeouts, and on
+        // Kafka the partition's commits behind it.
         let run = AssertUnwindSafe(self.runtime.run(&self.caps, &k.plugin, exec)).catch_unwind();
         let outcome = run.instrument(span.clone()).await.unwrap_or_else(|panic| {
-            let why = panic_text(panic.as_ref());
-            tracing::error!(panic = %why, "the host panicked while running the handler; counted as a trap");
-            Outcome::Trapped(format!("the host panicked while running the handler: {why}"))
+            Counters::inc(&self.counters.host_panics);
+            let why = truncate_utf8(panic_text(panic.as_ref()).to_string(), MAX_ERROR_BYTES);
+            tracing::error!(panic = %why, "the host panicked while running the handler: a bug in Idem; the message is retried");
+            Outcome::HostError(format!("the host panicked while running the handler: {why}"))
         });
         self.durations.record(&k.plugin.name, started.elapsed().as_secs_f64());
         // The handler is done with its slot and its place in hand: its

@@ -105,7 +105,7 @@ impl Worker {
                 Counters::inc(&c.traps);
                 tracing::warn!(%reason, "handler trapped");
             }
-            Outcome::HostError(reason) => tracing::warn!(%reason, "host error before the handler ran"),
+            Outcome::HostError(reason) => tracing::warn!(%reason, "host error; retried without counting a trap"),
             _ => {}
         }
         match settlement(
