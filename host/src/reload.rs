@@ -34,6 +34,10 @@ use crate::runtime::Runtime;
 /// Changes are applied once the plugin files have been quiet this long.
 const QUIET: Duration = Duration::from_millis(200);
 
+/// ...or once this long has passed since the first change of a burst, so
+/// that a directory that never stays quiet does not hold reloads back.
+const LONGEST_BURST: Duration = Duration::from_secs(2);
+
 /// What one reload did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ReloadReport {
@@ -329,11 +333,15 @@ impl Reloader {
                 _ = stop.cancelled() => return,
                 got = rx.recv() => if got.is_none() { return },
             }
-            // Wait for the burst of events to end.
+            // Wait for the burst of events to end, or to have lasted
+            // LONGEST_BURST (a file still being written then is refused,
+            // and the write that completes it triggers the next reload).
+            let ends = tokio::time::Instant::now() + LONGEST_BURST;
             loop {
+                let quiet = QUIET.min(ends.saturating_duration_since(tokio::time::Instant::now()));
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(QUIET) => break,
+                    _ = tokio::time::sleep(quiet) => break,
                     got = rx.recv() => if got.is_none() { return },
                 }
             }

@@ -381,6 +381,45 @@ async fn a_plugin_deployed_by_swapping_a_link_is_swapped_in() {
     watching.await.unwrap();
 }
 
+/// A plugin directory that never stays quiet (here a directory beside the
+/// plugin made and removed every 40 ms, each an event the watcher counts)
+/// does not hold a replaced plugin back: a burst of changes is applied
+/// once it has lasted two seconds. Before, the watcher waited for 200 ms
+/// without an event, which never came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_replaced_in_a_directory_that_never_stays_quiet_is_swapped_in() {
+    let (env, file, original) = reload_env(true).await;
+    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
+    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
+    let backends = backend::open(&env.config).await.unwrap();
+    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), None);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let watching = reloader.watch(stop.clone()).unwrap();
+    let churn = {
+        let (dir, stop) = (env.dir.path().join("churn"), stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                std::fs::create_dir(&dir).unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                std::fs::remove_dir(&dir).unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    let v2_bytes = with_custom_section(&original, "v2");
+    std::fs::write(&file, &v2_bytes).unwrap();
+    let v2 = idem_host::plugin::version_of(&v2_bytes);
+    wait_until(Duration::from_secs(30), "the replaced plugin to be swapped in", || async {
+        runtime.plugin("grant-credits").is_some_and(|p| p.version == v2)
+    })
+    .await;
+    assert!(!churn.is_finished(), "swapped in while the directory still changed");
+    stop.cancel();
+    churn.await.unwrap();
+    watching.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaults_are_reported() {
     let (env, file, original) = reload_env(false).await;
