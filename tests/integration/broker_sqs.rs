@@ -372,22 +372,10 @@ async fn sqs_wrong_settings_are_refused_at_start_with_the_fix() {
     .await;
 }
 
-/// The SDK's own client for the test server, as another producer or an
-/// operator has (the broker's settings, without its queue checks).
 /// Create queue `<dlq>-main`, whose redrive policy moves a message to
 /// queue `dlq` once it has been received `max_receives` times; its name.
 async fn redriving_to(dlq: &str, max_receives: u32) -> String {
-    use aws_sdk_sqs::types::QueueAttributeName::QueueArn;
-    let client = sdk_client().await;
-    let dlq_url = client.get_queue_url().queue_name(dlq).send().await.unwrap().queue_url.unwrap();
-    let attributes = client
-        .get_queue_attributes()
-        .queue_url(&dlq_url)
-        .attribute_names(QueueArn)
-        .send()
-        .await
-        .unwrap();
-    let arn = &attributes.attributes().unwrap()[&QueueArn];
+    let arn = attribute(dlq, aws_sdk_sqs::types::QueueAttributeName::QueueArn).await;
     let queue = format!("{dlq}-main");
     let policy = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receives}"}}"#);
     SqsBroker::create_queue(&brokers::sqs_options(&queue), &[("RedrivePolicy", &policy)])
@@ -396,23 +384,29 @@ async fn redriving_to(dlq: &str, max_receives: u32) -> String {
     queue
 }
 
+/// The SDK's own client for the test server, as another producer or an
+/// operator has (the broker's settings, without its queue checks).
 async fn sdk_client() -> aws_sdk_sqs::Client {
     SqsBroker::sdk_client(&brokers::sqs_options("unused")).await
 }
 
 /// How many messages of `queue` the server counts as visible.
 async fn visible(queue: &str) -> String {
-    use aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages as Visible;
+    attribute(queue, aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages).await
+}
+
+/// One attribute of queue `queue`, as the server gives it ("" if none).
+async fn attribute(queue: &str, name: aws_sdk_sqs::types::QueueAttributeName) -> String {
     let client = sdk_client().await;
     let url = client.get_queue_url().queue_name(queue).send().await.unwrap().queue_url.unwrap();
     let out = client
         .get_queue_attributes()
         .queue_url(&url)
-        .attribute_names(Visible)
+        .attribute_names(name.clone())
         .send()
         .await
         .unwrap();
-    out.attributes().and_then(|a| a.get(&Visible)).cloned().unwrap_or_default()
+    out.attributes().and_then(|a| a.get(&name)).cloned().unwrap_or_default()
 }
 
 /// A proxy in front of the test server that answers 503 (as SQS does when

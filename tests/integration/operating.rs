@@ -164,6 +164,25 @@ async fn reload_env(watch: bool) -> (Env, PathBuf, Vec<u8>) {
     (env, file, original)
 }
 
+/// A runtime with `config`'s plugins loaded, and a reloader over it; with
+/// `config_file`, `config` is written there first and a SIGHUP re-reads it.
+async fn loaded_reloader(
+    config: &idem_host::config::Config,
+    config_file: Option<&std::path::Path>,
+) -> (
+    std::sync::Arc<idem_host::runtime::Runtime>,
+    std::sync::Arc<idem_host::reload::Reloader>,
+) {
+    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(config)).unwrap());
+    idem_host::app::load_plugins(config, &runtime).await.unwrap();
+    if let Some(file) = config_file {
+        std::fs::write(file, toml::to_string(config).unwrap()).unwrap();
+    }
+    let backends = backend::open(config).await.unwrap();
+    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), config.clone(), config_file.map(Into::into));
+    (runtime, reloader)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_replaced_while_messages_flow_is_swapped_without_losing_any() {
     let (env, file, original) = reload_env(true).await;
@@ -297,12 +316,8 @@ async fn a_broken_replacement_is_refused_and_the_old_version_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_added_by_sighup_in_a_new_directory_is_watched() {
     let (env, _, original) = reload_env(true).await;
-    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
-    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
     let path = env.dir.path().join("idem.toml");
-    std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
-    let backends = backend::open(&env.config).await.unwrap();
-    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
+    let (runtime, reloader) = loaded_reloader(&env.config, Some(&path)).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let watching = reloader.watch(stop.clone()).unwrap();
 
@@ -357,12 +372,9 @@ async fn a_plugin_deployed_by_swapping_a_link_is_swapped_in() {
     deploy("2026_12_07_v1", &original);
     symlink("..data/grant_credits.wasm", mounted.join("grant_credits.wasm")).unwrap();
     env.config.plugins.get_mut("grant-credits").unwrap().path = mounted.join("grant_credits.wasm");
-    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
-    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
+    let (runtime, reloader) = loaded_reloader(&env.config, None).await;
     let v1 = runtime.plugin("grant-credits").unwrap().version.clone();
     assert_eq!(v1, idem_host::plugin::version_of(&original));
-    let backends = backend::open(&env.config).await.unwrap();
-    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), None);
     let stop = tokio_util::sync::CancellationToken::new();
     let watching = reloader.watch(stop.clone()).unwrap();
 
@@ -389,10 +401,7 @@ async fn a_plugin_deployed_by_swapping_a_link_is_swapped_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_replaced_in_a_directory_that_never_stays_quiet_is_swapped_in() {
     let (env, file, original) = reload_env(true).await;
-    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
-    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
-    let backends = backend::open(&env.config).await.unwrap();
-    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), None);
+    let (runtime, reloader) = loaded_reloader(&env.config, None).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let watching = reloader.watch(stop.clone()).unwrap();
     let churn = {
@@ -423,13 +432,9 @@ async fn a_plugin_replaced_in_a_directory_that_never_stays_quiet_is_swapped_in()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaults_are_reported() {
     let (env, file, original) = reload_env(false).await;
-    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
-    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
-    let v1 = runtime.plugin("grant-credits").unwrap().version.clone();
     let path = env.dir.path().join("idem.toml");
-    std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
-    let backends = backend::open(&env.config).await.unwrap();
-    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
+    let (runtime, reloader) = loaded_reloader(&env.config, Some(&path)).await;
+    let v1 = runtime.plugin("grant-credits").unwrap().version.clone();
 
     // A new component on disk, and a configuration that no longer parses:
     // nothing is re-read, the old version keeps serving.
@@ -511,14 +516,10 @@ async fn sighup_with_a_broken_configuration_reloads_nothing_and_new_limit_defaul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_narrowing_grants_applies_them_while_the_file_cannot_be_loaded() {
     let (env, file, original) = reload_env(false).await;
-    let runtime = std::sync::Arc::new(idem_host::runtime::Runtime::new(idem_host::app::runtime_options(&env.config)).unwrap());
-    idem_host::app::load_plugins(&env.config, &runtime).await.unwrap();
+    let path = env.dir.path().join("idem.toml");
+    let (runtime, reloader) = loaded_reloader(&env.config, Some(&path)).await;
     let serving = runtime.plugin("grant-credits").unwrap();
     assert!(!serving.grants.collections.is_empty(), "{:?}", serving.grants);
-    let path = env.dir.path().join("idem.toml");
-    std::fs::write(&path, toml::to_string(&env.config).unwrap()).unwrap();
-    let backends = backend::open(&env.config).await.unwrap();
-    let reloader = idem_host::reload::Reloader::new(runtime.clone(), backends.admin.clone(), env.config.clone(), Some(path.clone()));
     // A SIGHUP that changes nothing leaves the plugin serving as it is.
     let report = reloader.reload_config().await;
     assert!(report.refused.is_empty() && report.swapped.is_empty(), "{report:?}");
