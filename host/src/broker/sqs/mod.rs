@@ -472,7 +472,7 @@ impl Broker for SqsBroker {
         }))
         .await
         .into_iter()
-        .collect::<Result<Vec<()>, BrokerError>>();
+        .collect::<Result<(), BrokerError>>();
         // Settled whether or not the delete went through: the worker is
         // done with these messages (one not deleted comes back, and its
         // claim answers it), and a FIFO group's next message may go out.
@@ -481,7 +481,7 @@ impl Broker for SqsBroker {
             t.forget(r);
             t.settled(r.seq, false);
         }
-        deleted.map(|_| ())
+        deleted
     }
 
     async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
