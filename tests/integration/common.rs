@@ -327,9 +327,9 @@ pub mod services {
     pub fn amqp() -> String {
         var("IDEM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
     }
-    /// NATS with JetStream.
+    /// NATS with JetStream (`scripts/services.sh` starts one, pinned).
     pub fn nats() -> String {
-        var("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
+        var("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4223")
     }
     /// An SQS-compatible server (`scripts/services.sh` starts one), reached
     /// with the AWS credentials of the environment.

