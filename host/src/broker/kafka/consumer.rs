@@ -35,6 +35,10 @@ fn over_buffer(paused: bool, (records, bytes): (usize, usize)) -> bool {
 }
 /// How long one `poll` waits; also the longest a queued commit waits.
 const POLL: Duration = Duration::from_millis(20);
+/// How long after a failed commit the consumer thread sends what is
+/// settled again (an ack of the partitions would too, but after a queue's
+/// last records none comes: the group would lag behind for good).
+const COMMIT_RETRY: Duration = Duration::from_secs(1);
 
 /// What the consumer thread and the broker share.
 pub(super) struct Shared {
@@ -48,6 +52,9 @@ pub(super) struct Shared {
     /// Woken when records arrive.
     pub arrived: tokio::sync::Notify,
     pub stop: AtomicBool,
+    /// Set when an ack's commit failed: the consumer thread sends the
+    /// owned partitions' commits again.
+    pub commit_failed: AtomicBool,
     /// Rebalances this member has been through (assignments received,
     /// empty ones included).
     pub rebalances: std::sync::atomic::AtomicU64,
@@ -128,7 +135,7 @@ impl ConsumerContext for Ctx {
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         if let Err(e) = result {
-            tracing::warn!(error = %e, offsets = ?part_ids(offsets), "kafka: commit failed; a restart re-reads from the last commit");
+            tracing::warn!(error = %e, offsets = ?part_ids(offsets), "kafka: commit failed; sent again while the partitions are ours, else their next owner re-reads from the last commit");
         }
     }
 }
@@ -175,11 +182,28 @@ pub(super) fn commit<C: ConsumerContext>(consumer: &BaseConsumer<C>, commits: &[
     consumer.commit(&tpl, mode)
 }
 
+/// Commit what the owned partitions have settled beyond their last
+/// commits, under the gate; a failed commit is not recorded as committed.
+fn commit_owned(consumer: &BaseConsumer<Ctx>, shared: &Shared) -> KafkaResult<()> {
+    let _gate = shared.gate();
+    let commits = {
+        let mut track = shared.track();
+        let owned = track.owned();
+        track.commits(&owned)
+    };
+    let result = commit(consumer, &commits, CommitMode::Sync);
+    if result.is_err() {
+        shared.track().uncommit(&commits);
+    }
+    result
+}
+
 /// The consumer thread's loop, until `shared.stop`; then it commits what is
 /// settled and leaves the group (dropping the consumer closes it).
 pub(super) fn run(consumer: Arc<BaseConsumer<Ctx>>, shared: Arc<Shared>) {
     let mut paused = false;
     let mut last_error: Option<Instant> = None;
+    let mut retry_commit_at: Option<Instant> = None;
     while !shared.stop.load(Ordering::Relaxed) {
         match consumer.poll(POLL) {
             Some(Ok(m)) => {
@@ -212,17 +236,19 @@ pub(super) fn run(consumer: Arc<BaseConsumer<Ctx>>, shared: Arc<Shared>) {
             }
             paused = false;
         }
-    }
-    {
-        let _gate = shared.gate();
-        let settled = {
-            let mut track = shared.track();
-            let owned = track.owned();
-            track.commits(&owned)
-        };
-        if let Err(e) = commit(&consumer, &settled, CommitMode::Sync) {
-            tracing::warn!(error = %e, "kafka: cannot commit on leaving; the next owner re-reads from the last commit");
+        if shared.commit_failed.swap(false, Ordering::Relaxed) {
+            retry_commit_at.get_or_insert_with(|| Instant::now() + COMMIT_RETRY);
         }
+        if retry_commit_at.is_some_and(|at| Instant::now() >= at) {
+            retry_commit_at = None;
+            if let Err(e) = commit_owned(&consumer, &shared) {
+                tracing::warn!(error = %e, "kafka: commit failed again; sending it again in {COMMIT_RETRY:?}");
+                retry_commit_at = Some(Instant::now() + COMMIT_RETRY);
+            }
+        }
+    }
+    if let Err(e) = commit_owned(&consumer, &shared) {
+        tracing::warn!(error = %e, "kafka: cannot commit on leaving; the next owner re-reads from the last commit");
     }
     // The last reference closes the consumer: it leaves the group.
     drop(consumer);

@@ -144,6 +144,7 @@ impl KafkaBroker {
             settled: Condvar::new(),
             arrived: tokio::sync::Notify::new(),
             stop: Default::default(),
+            commit_failed: Default::default(),
             rebalances: Default::default(),
             grace: options.grace,
         });
@@ -426,16 +427,17 @@ impl Broker for KafkaBroker {
             let result = consumer::commit(&consumer, &commits, CommitMode::Sync);
             if result.is_err() {
                 shared.track().uncommit(&commits);
+                shared.commit_failed.store(true, AtomicOrdering::Relaxed);
             }
             result
         })
         .await
         .map_err(|e| BrokerError::Unavailable(format!("kafka ack task failed: {e}")))?;
         // A failed commit loses nothing: the records stay settled here, and
-        // the next commit of their partitions (an ack, the revocation, the
-        // close) sends it again.
+        // the consumer thread sends it again within a second (or the next
+        // commit of their partitions: an ack, the revocation, the close).
         if let Err(e) = committed {
-            tracing::warn!(error = %e, "kafka: commit failed; the next commit of these partitions sends it again");
+            tracing::warn!(error = %e, "kafka: commit failed; it is sent again");
         }
         Ok(())
     }
