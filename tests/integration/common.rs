@@ -309,8 +309,8 @@ pub async fn state(pool: &Pool, plugin: &str, key: &str) -> Option<&'static str>
     pool.backends.admin.state(plugin, key).await.unwrap().map(|s| s.as_str())
 }
 
-/// URLs of the real services the tests run against (the machine's own, or
-/// the ones `.ci/run` started).
+/// URLs of the real services the tests run against (`IDEM_TEST_*`, or the
+/// ones `scripts/services.sh` checked or started).
 pub mod services {
     fn var(name: &str, default: &str) -> String {
         std::env::var(name).unwrap_or_else(|_| default.to_string())

@@ -312,7 +312,6 @@ async fn kafka_postgres_workers_survive_sigkill_and_rebalances_keeping_key_order
         third_joins: true,
     };
     let tweak = |c: &mut Config| {
-        c.broker.url = Some(services::kafka());
         c.broker.topics = vec![c.namespace.clone()];
         c.broker.group = None;
         c.broker.group_pointer = Some("/stream".into());

@@ -93,7 +93,7 @@ fn try_main() -> Result<()> {
                 .args(plugin_excludes(&root)?)
                 .env("IDEM_PLUGIN_DIR", &plugins)
                 .args(&rest);
-            run(local_services(&root, lint.apply(&mut cmd)?)?)?;
+            run(local_aws_credentials(lint.apply(&mut cmd)?))?;
             cargo(&["clippy", "-p", "xtask", "--", "-D", "warnings"])?;
             // A CI-sized chaos run per example deployment, on the binary the
             // tests just built. Fixed seeds keep CI reproducible; run
@@ -111,10 +111,9 @@ fn try_main() -> Result<()> {
                     ("redis-postgres", 105, "python"),
                     ("rabbitmq-postgres", 106, "js"),
                 ] {
-                    let mut chaos = Command::new(root.join("target/release/idem"));
+                    let mut chaos = chaos_command(&root)?;
                     chaos
                         .args([
-                            "chaos",
                             "--messages",
                             "2000",
                             "--timeout-secs",
@@ -128,7 +127,7 @@ fn try_main() -> Result<()> {
                         .arg(root.join("examples").join(format!("{config}.toml")))
                         .arg("--plugins")
                         .arg(&plugins);
-                    run(local_services(&root, &mut chaos)?)?;
+                    run(&mut chaos)?;
                 }
             }
             Ok(())
@@ -136,9 +135,9 @@ fn try_main() -> Result<()> {
         "chaos" => {
             run(Command::new("bash").arg(root.join("scripts/services.sh")))?;
             let plugins = build_plugins(&root, true, Lint::Off)?;
-            let mut cmd = Command::new(root.join("target/release/idem"));
-            cmd.arg("chaos").arg("--plugins").arg(&plugins).args(&rest);
-            run(local_services(&root, &mut cmd)?)
+            let mut cmd = chaos_command(&root)?;
+            cmd.arg("--plugins").arg(&plugins).args(&rest);
+            run(&mut cmd)
         }
         "fuzz" => fuzz(&root, &rest),
         "chart" => match rest.as_slice() {
@@ -253,12 +252,9 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// What the tests and chaos runs need of the local services that
-/// `scripts/services.sh` provides: credentials for the SQS-compatible server
-/// (it accepts any) where the environment sets none, and its pinned
-/// `nats-server` first on `PATH` (the chaos runs start and restart their
-/// own NATS server).
-fn local_services<'a>(root: &Path, cmd: &'a mut Command) -> Result<&'a mut Command> {
+/// Credentials for the local SQS-compatible server the tests and chaos
+/// runs use (it accepts any), where the environment sets none.
+fn local_aws_credentials(cmd: &mut Command) -> &mut Command {
     for (name, value) in [
         ("AWS_ACCESS_KEY_ID", "idem-test"),
         ("AWS_SECRET_ACCESS_KEY", "idem-test"),
@@ -268,10 +264,19 @@ fn local_services<'a>(root: &Path, cmd: &'a mut Command) -> Result<&'a mut Comma
             cmd.env(name, value);
         }
     }
-    let nats = root.join("target/tools/nats-venv/bin");
+    cmd
+}
+
+/// `idem chaos` on the built binary, with the local SQS credentials and
+/// `target/tools/bin` first on `PATH`: a chaos run starts and restarts a
+/// NATS server of its own, the one `scripts/services.sh` pins there.
+fn chaos_command(root: &Path) -> Result<Command> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let path = std::env::join_paths(std::iter::once(nats).chain(std::env::split_paths(&path)))?;
-    Ok(cmd.env("PATH", path))
+    let dirs = std::iter::once(root.join("target/tools/bin")).chain(std::env::split_paths(&path).filter(|d| !d.as_os_str().is_empty()));
+    let mut cmd = Command::new(root.join("target/release/idem"));
+    cmd.env("PATH", std::env::join_paths(dirs)?).arg("chaos");
+    local_aws_credentials(&mut cmd);
+    Ok(cmd)
 }
 
 /// Run a command, saying how long it took (CI logs show where the time goes).

