@@ -182,8 +182,20 @@ pub(super) fn commit<C: ConsumerContext>(consumer: &BaseConsumer<C>, commits: &[
     consumer.commit(&tpl, mode)
 }
 
+/// Send commits the track has recorded (the caller holds the gate). A
+/// failed one is not committed after all, and the consumer thread sends
+/// the owned partitions' commits again [`COMMIT_RETRY`] later.
+pub(super) fn send(consumer: &BaseConsumer<Ctx>, shared: &Shared, commits: &[Commit]) -> KafkaResult<()> {
+    let result = commit(consumer, commits, CommitMode::Sync);
+    if result.is_err() {
+        shared.track().uncommit(commits);
+        shared.commit_failed.store(true, Ordering::Relaxed);
+    }
+    result
+}
+
 /// Commit what the owned partitions have settled beyond their last
-/// commits, under the gate; a failed commit is not recorded as committed.
+/// commits, under the gate.
 fn commit_owned(consumer: &BaseConsumer<Ctx>, shared: &Shared) -> KafkaResult<()> {
     let _gate = shared.gate();
     let commits = {
@@ -191,11 +203,7 @@ fn commit_owned(consumer: &BaseConsumer<Ctx>, shared: &Shared) -> KafkaResult<()
         let owned = track.owned();
         track.commits(&owned)
     };
-    let result = commit(consumer, &commits, CommitMode::Sync);
-    if result.is_err() {
-        shared.track().uncommit(&commits);
-    }
-    result
+    send(consumer, shared, &commits)
 }
 
 /// The consumer thread's loop, until `shared.stop`; then it commits what is
@@ -243,7 +251,6 @@ pub(super) fn run(consumer: Arc<BaseConsumer<Ctx>>, shared: Arc<Shared>) {
             retry_commit_at = None;
             if let Err(e) = commit_owned(&consumer, &shared) {
                 tracing::warn!(error = %e, "kafka: commit failed again; sending it again in {COMMIT_RETRY:?}");
-                retry_commit_at = Some(Instant::now() + COMMIT_RETRY);
             }
         }
     }

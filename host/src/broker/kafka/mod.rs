@@ -54,7 +54,7 @@ use async_trait::async_trait;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -424,12 +424,7 @@ impl Broker for KafkaBroker {
             // record of their keys.
             shared.settled.notify_all();
             shared.arrived.notify_waiters();
-            let result = consumer::commit(&consumer, &commits, CommitMode::Sync);
-            if result.is_err() {
-                shared.track().uncommit(&commits);
-                shared.commit_failed.store(true, AtomicOrdering::Relaxed);
-            }
-            result
+            consumer::send(&consumer, &shared, &commits)
         })
         .await
         .map_err(|e| BrokerError::Unavailable(format!("kafka ack task failed: {e}")))?;
