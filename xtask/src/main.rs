@@ -92,6 +92,11 @@ fn try_main() -> Result<()> {
             cmd.args(["test", "--release", "--workspace", "--exclude", "xtask"])
                 .args(plugin_excludes(&root)?)
                 .env("IDEM_PLUGIN_DIR", &plugins)
+                // A failing test's message, not pages of backtrace, ends
+                // its report (the panic's file and line are printed
+                // either way): where only a log's tail is kept, the
+                // message is what it keeps.
+                .env("RUST_BACKTRACE", "0")
                 .args(&rest);
             run(local_aws_credentials(lint.apply(&mut cmd)?))?;
             cargo(&["clippy", "-p", "xtask", "--", "-D", "warnings"])?;
