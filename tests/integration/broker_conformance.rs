@@ -16,16 +16,22 @@
 //!
 //! The suite takes a way to connect consumers of one queue, each with its
 //! own connection as another worker process would have, and leaves one
-//! delayed message (an hour away) in the queue.
+//! delayed message (an hour away) in the queue. When a check fails, every
+//! broker call the suite made (which consumer, when, what it answered) is
+//! printed before the failed check's message: a failure that a loaded
+//! machine alone brings about can be read from one log.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use futures::FutureExt;
 use idem_host::broker::sqlite::SqliteBroker;
-use idem_host::broker::{Broker, Semantics};
+use idem_host::broker::{Broker, BrokerError, Semantics};
 use idem_host::config::Config;
 use idem_host::envelope::{Delivery, Envelope};
 
@@ -52,6 +58,32 @@ const NACK_SLACK: Duration = Duration::from_millis(50);
 /// Run the suite. Each call of `connect` connects a new consumer of the
 /// same queue.
 pub async fn broker_conformance<F, Fut>(connect: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Broker>>,
+{
+    let trace = Trace::default();
+    let consumers = AtomicUsize::new(0);
+    let traced = || async {
+        Arc::new(Traced {
+            inner: connect().await,
+            who: consumers.fetch_add(1, Ordering::SeqCst),
+            trace: trace.clone(),
+        }) as Arc<dyn Broker>
+    };
+    if let Err(panic) = std::panic::AssertUnwindSafe(checks(traced)).catch_unwind().await {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(a panic without text)");
+        eprintln!("{}the failed check: {message}", trace.calls());
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// The checks, in order, on consumers `connect` makes.
+async fn checks<F, Fut>(connect: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn Broker>>,
@@ -381,6 +413,152 @@ async fn fetch_from_any(consumers: &[&dyn Broker], visibility: Duration, what: &
         None
     })
     .await
+}
+
+/// The broker calls of one run of the suite, oldest first, each with the
+/// consumer that made it, when it started (from the suite's start), how
+/// long it took and what it answered. Deliveries are shown as `id#count`,
+/// and a receipt as the delivery it came with.
+#[derive(Clone)]
+struct Trace(Arc<Mutex<TraceLog>>);
+
+struct TraceLog {
+    start: Instant,
+    calls: Vec<String>,
+    deliveries: HashMap<String, String>,
+}
+
+impl Default for Trace {
+    fn default() -> Self {
+        Trace(Arc::new(Mutex::new(TraceLog {
+            start: Instant::now(),
+            calls: Vec::new(),
+            deliveries: HashMap::new(),
+        })))
+    }
+}
+
+impl Trace {
+    fn note<T>(&self, who: usize, started: Instant, call: String, result: &Result<T, BrokerError>, answer: impl FnOnce(&T) -> String) {
+        let took = started.elapsed().as_millis();
+        let answer = match result {
+            Ok(v) => answer(v),
+            Err(e) => format!("error: {e}"),
+        };
+        let mut log = self.0.lock().unwrap();
+        let at = started.duration_since(log.start).as_millis();
+        log.calls.push(format!("{at:>6} ms +{took:<4} consumer {who}: {call} -> {answer}"));
+    }
+
+    fn remember(&self, deliveries: &[Delivery]) -> String {
+        let mut log = self.0.lock().unwrap();
+        let shown: Vec<String> = deliveries
+            .iter()
+            .map(|d| format!("{}#{}", d.envelope.id, d.delivery_count))
+            .collect();
+        for (d, s) in deliveries.iter().zip(&shown) {
+            log.deliveries.insert(d.receipt.clone(), s.clone());
+        }
+        format!("[{}]", shown.join(", "))
+    }
+
+    fn receipts(&self, receipts: &[&str]) -> String {
+        let log = self.0.lock().unwrap();
+        let shown: Vec<&str> = receipts
+            .iter()
+            .map(|r| log.deliveries.get(*r).map_or("(unknown receipt)", String::as_str))
+            .collect();
+        format!("[{}]", shown.join(", "))
+    }
+
+    /// The calls, a run of identical calls and answers shown once with
+    /// its count.
+    fn calls(&self) -> String {
+        let log = self.0.lock().unwrap();
+        let mut out = String::from("broker calls of the suite (start ms, +duration ms), oldest first:\n");
+        let mut i = 0;
+        while i < log.calls.len() {
+            let what = |line: &str| line.split_once(" consumer ").map(|(_, rest)| rest.to_string());
+            let mut run = 1;
+            while i + run < log.calls.len() && what(&log.calls[i + run]) == what(&log.calls[i]) {
+                run += 1;
+            }
+            let _ = writeln!(
+                out,
+                "{}{}",
+                log.calls[i],
+                if run > 1 { format!("   (x{run})") } else { String::new() }
+            );
+            i += run;
+        }
+        out
+    }
+}
+
+/// A consumer whose calls go into the [`Trace`].
+struct Traced {
+    inner: Arc<dyn Broker>,
+    who: usize,
+    trace: Trace,
+}
+
+#[async_trait]
+impl Broker for Traced {
+    async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
+        let started = Instant::now();
+        let r = self.inner.publish(envelopes, delay).await;
+        let ids: Vec<&str> = envelopes.iter().map(|e| e.id.as_str()).collect();
+        self.trace
+            .note(self.who, started, format!("publish {ids:?} delay {delay:?}"), &r, |_| "ok".into());
+        r
+    }
+
+    async fn fetch(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, BrokerError> {
+        let started = Instant::now();
+        let r = self.inner.fetch(max, visibility).await;
+        self.trace
+            .note(self.who, started, format!("fetch {max} visibility {visibility:?}"), &r, |got| {
+                self.trace.remember(got)
+            });
+        r
+    }
+
+    async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError> {
+        let started = Instant::now();
+        let r = self.inner.ack(receipts).await;
+        self.trace
+            .note(self.who, started, format!("ack {}", self.trace.receipts(receipts)), &r, |_| {
+                "ok".into()
+            });
+        r
+    }
+
+    async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
+        let started = Instant::now();
+        let r = self.inner.nack(receipt, delay).await;
+        let call = format!("nack {} delay {delay:?}", self.trace.receipts(&[receipt]));
+        self.trace.note(self.who, started, call, &r, |_| "ok".into());
+        r
+    }
+
+    async fn extend(&self, receipts: &[&str], visibility: Duration) -> Result<(), BrokerError> {
+        let started = Instant::now();
+        let r = self.inner.extend(receipts, visibility).await;
+        let call = format!("extend {} visibility {visibility:?}", self.trace.receipts(receipts));
+        self.trace.note(self.who, started, call, &r, |_| "ok".into());
+        r
+    }
+
+    async fn pending(&self) -> Result<u64, BrokerError> {
+        let started = Instant::now();
+        let r = self.inner.pending().await;
+        self.trace.note(self.who, started, "pending".into(), &r, |n| n.to_string());
+        r
+    }
+
+    fn semantics(&self) -> Semantics {
+        self.inner.semantics()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
