@@ -415,18 +415,33 @@ async fn fetch_from_any(consumers: &[&dyn Broker], visibility: Duration, what: &
     .await
 }
 
-/// The broker calls of one run of the suite, oldest first, each with the
-/// consumer that made it, when it started (from the suite's start), how
-/// long it took and what it answered. Deliveries are shown as `id#count`,
-/// and a receipt as the delivery it came with.
+/// The broker calls of one run of the suite, each with the consumer that
+/// made it, when it started (from the suite's start), how long it took and
+/// what it answered. Deliveries are shown as `id#count`, and a receipt as
+/// the delivery it came with to that consumer.
 #[derive(Clone)]
 struct Trace(Arc<Mutex<TraceLog>>);
 
 struct TraceLog {
     start: Instant,
-    calls: Vec<String>,
-    deliveries: HashMap<String, String>,
+    calls: Vec<Call>,
+    /// (consumer, receipt) → `id#count`: receipts of different consumers
+    /// can be equal (RabbitMQ's delivery tags start at 1 on each channel).
+    deliveries: HashMap<(usize, String), String>,
 }
+
+/// One call, as recorded when it returned.
+struct Call {
+    at: u128,
+    took: u128,
+    who: usize,
+    what: String,
+}
+
+/// How many lines [`Trace::calls`] prints at most: the first
+/// [`SHOWN_FIRST`] and the last (where the failure is) the rest.
+const SHOWN: usize = 400;
+const SHOWN_FIRST: usize = 100;
 
 impl Default for Trace {
     fn default() -> Self {
@@ -441,61 +456,99 @@ impl Default for Trace {
 impl Trace {
     fn note<T>(&self, who: usize, started: Instant, call: String, result: &Result<T, BrokerError>, answer: impl FnOnce(&T) -> String) {
         let took = started.elapsed().as_millis();
+        // `answer` may lock (to remember deliveries): called before locking.
         let answer = match result {
             Ok(v) => answer(v),
             Err(e) => format!("error: {e}"),
         };
         let mut log = self.0.lock().unwrap();
         let at = started.duration_since(log.start).as_millis();
-        log.calls.push(format!("{at:>6} ms +{took:<4} consumer {who}: {call} -> {answer}"));
+        log.calls.push(Call {
+            at,
+            took,
+            who,
+            what: format!("{call} -> {answer}"),
+        });
     }
 
-    fn remember(&self, deliveries: &[Delivery]) -> String {
+    fn remember(&self, who: usize, deliveries: &[Delivery]) -> String {
         let mut log = self.0.lock().unwrap();
         let shown: Vec<String> = deliveries
             .iter()
             .map(|d| format!("{}#{}", d.envelope.id, d.delivery_count))
             .collect();
         for (d, s) in deliveries.iter().zip(&shown) {
-            log.deliveries.insert(d.receipt.clone(), s.clone());
+            log.deliveries.insert((who, d.receipt.clone()), s.clone());
         }
         format!("[{}]", shown.join(", "))
     }
 
-    fn receipts(&self, receipts: &[&str]) -> String {
+    fn receipts(&self, who: usize, receipts: &[&str]) -> String {
         let log = self.0.lock().unwrap();
         let shown: Vec<&str> = receipts
             .iter()
-            .map(|r| log.deliveries.get(*r).map_or("(unknown receipt)", String::as_str))
+            .map(|r| {
+                log.deliveries
+                    .get(&(who, r.to_string()))
+                    .map_or("(unknown receipt)", String::as_str)
+            })
             .collect();
         format!("[{}]", shown.join(", "))
     }
 
-    /// The calls, a run of identical calls and answers shown once with
-    /// its count.
+    /// The calls by start time. A block of up to four calls repeated
+    /// (a polling loop) is shown once, with how often it came again and
+    /// until when; past [`SHOWN`] lines, the middle is left out.
     fn calls(&self) -> String {
-        let log = self.0.lock().unwrap();
-        let mut out = String::from("broker calls of the suite (start ms, +duration ms), oldest first:\n");
+        let mut log = self.0.lock().unwrap();
+        log.calls.sort_by_key(|c| c.at);
+        let calls = &log.calls;
+        let same = |a: &Call, b: &Call| a.who == b.who && a.what == b.what;
+        let mut lines = Vec::new();
         let mut i = 0;
-        while i < log.calls.len() {
-            let what = |line: &str| line.split_once(" consumer ").map(|(_, rest)| rest.to_string());
-            let mut run = 1;
-            while i + run < log.calls.len() && what(&log.calls[i + run]) == what(&log.calls[i]) {
-                run += 1;
+        while i < calls.len() {
+            // The block length that covers the most calls by repeating.
+            let (mut period, mut repeats) = (1, 1);
+            for p in 1..=4 {
+                let mut r = 1;
+                while i + (r + 1) * p <= calls.len() && (0..p).all(|k| same(&calls[i + k], &calls[i + r * p + k])) {
+                    r += 1;
+                }
+                if r > 1 && r * p > repeats * period {
+                    (period, repeats) = (p, r);
+                }
             }
-            let _ = writeln!(
-                out,
-                "{}{}",
-                log.calls[i],
-                if run > 1 { format!("   (x{run})") } else { String::new() }
+            for c in &calls[i..i + period] {
+                lines.push(format!("{:>6} ms +{:<4} consumer {}: {}", c.at, c.took, c.who, c.what));
+            }
+            if repeats > 1 {
+                let last = &calls[i + repeats * period - 1];
+                lines.push(format!(
+                    "          (the {period} call(s) above came {} more time(s), the last at {} ms)",
+                    repeats - 1,
+                    last.at
+                ));
+            }
+            i += repeats * period;
+        }
+        if lines.len() > SHOWN {
+            let left_out = lines.len() - SHOWN;
+            lines.splice(
+                SHOWN_FIRST..SHOWN_FIRST + left_out,
+                [format!("          ({left_out} lines left out)")],
             );
-            i += run;
+        }
+        let mut out = String::from("broker calls of the suite (start ms, +duration ms), by start time:\n");
+        for line in lines {
+            let _ = writeln!(out, "{line}");
         }
         out
     }
 }
 
-/// A consumer whose calls go into the [`Trace`].
+/// A consumer whose calls go into the [`Trace`]. It forwards the calls the
+/// suite makes; the trait's other methods keep their defaults (the suite
+/// calls none of them).
 struct Traced {
     inner: Arc<dyn Broker>,
     who: usize,
@@ -518,7 +571,7 @@ impl Broker for Traced {
         let r = self.inner.fetch(max, visibility).await;
         self.trace
             .note(self.who, started, format!("fetch {max} visibility {visibility:?}"), &r, |got| {
-                self.trace.remember(got)
+                self.trace.remember(self.who, got)
             });
         r
     }
@@ -526,17 +579,20 @@ impl Broker for Traced {
     async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError> {
         let started = Instant::now();
         let r = self.inner.ack(receipts).await;
-        self.trace
-            .note(self.who, started, format!("ack {}", self.trace.receipts(receipts)), &r, |_| {
-                "ok".into()
-            });
+        self.trace.note(
+            self.who,
+            started,
+            format!("ack {}", self.trace.receipts(self.who, receipts)),
+            &r,
+            |_| "ok".into(),
+        );
         r
     }
 
     async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
         let started = Instant::now();
         let r = self.inner.nack(receipt, delay).await;
-        let call = format!("nack {} delay {delay:?}", self.trace.receipts(&[receipt]));
+        let call = format!("nack {} delay {delay:?}", self.trace.receipts(self.who, &[receipt]));
         self.trace.note(self.who, started, call, &r, |_| "ok".into());
         r
     }
@@ -544,7 +600,7 @@ impl Broker for Traced {
     async fn extend(&self, receipts: &[&str], visibility: Duration) -> Result<(), BrokerError> {
         let started = Instant::now();
         let r = self.inner.extend(receipts, visibility).await;
-        let call = format!("extend {} visibility {visibility:?}", self.trace.receipts(receipts));
+        let call = format!("extend {} visibility {visibility:?}", self.trace.receipts(self.who, receipts));
         self.trace.note(self.who, started, call, &r, |_| "ok".into());
         r
     }

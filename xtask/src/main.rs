@@ -95,7 +95,8 @@ fn try_main() -> Result<()> {
                 // A failing test's message, not pages of backtrace, ends
                 // its report (the panic's file and line are printed
                 // either way): where only a log's tail is kept, the
-                // message is what it keeps.
+                // message is what it keeps. Set whatever the environment
+                // says, since CI's sets backtraces on.
                 .env("RUST_BACKTRACE", "0")
                 .args(&rest);
             run(local_aws_credentials(lint.apply(&mut cmd)?))?;
