@@ -555,61 +555,52 @@ struct Traced {
     trace: Trace,
 }
 
+impl Traced {
+    /// Run one call of the inner broker and note it with its answer.
+    async fn call<T>(
+        &self,
+        call: String,
+        run: impl Future<Output = Result<T, BrokerError>>,
+        answer: impl FnOnce(&T) -> String,
+    ) -> Result<T, BrokerError> {
+        let started = Instant::now();
+        let result = run.await;
+        self.trace.note(self.who, started, call, &result, answer);
+        result
+    }
+}
+
 #[async_trait]
 impl Broker for Traced {
     async fn publish(&self, envelopes: &[Envelope], delay: Duration) -> Result<(), BrokerError> {
-        let started = Instant::now();
-        let r = self.inner.publish(envelopes, delay).await;
         let ids: Vec<&str> = envelopes.iter().map(|e| e.id.as_str()).collect();
-        self.trace
-            .note(self.who, started, format!("publish {ids:?} delay {delay:?}"), &r, |_| "ok".into());
-        r
+        let call = format!("publish {ids:?} delay {delay:?}");
+        self.call(call, self.inner.publish(envelopes, delay), |_| "ok".into()).await
     }
 
     async fn fetch(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, BrokerError> {
-        let started = Instant::now();
-        let r = self.inner.fetch(max, visibility).await;
-        self.trace
-            .note(self.who, started, format!("fetch {max} visibility {visibility:?}"), &r, |got| {
-                self.trace.remember(self.who, got)
-            });
-        r
+        let call = format!("fetch {max} visibility {visibility:?}");
+        self.call(call, self.inner.fetch(max, visibility), |got| self.trace.remember(self.who, got))
+            .await
     }
 
     async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError> {
-        let started = Instant::now();
-        let r = self.inner.ack(receipts).await;
-        self.trace.note(
-            self.who,
-            started,
-            format!("ack {}", self.trace.receipts(self.who, receipts)),
-            &r,
-            |_| "ok".into(),
-        );
-        r
+        let call = format!("ack {}", self.trace.receipts(self.who, receipts));
+        self.call(call, self.inner.ack(receipts), |_| "ok".into()).await
     }
 
     async fn nack(&self, receipt: &str, delay: Duration) -> Result<(), BrokerError> {
-        let started = Instant::now();
-        let r = self.inner.nack(receipt, delay).await;
         let call = format!("nack {} delay {delay:?}", self.trace.receipts(self.who, &[receipt]));
-        self.trace.note(self.who, started, call, &r, |_| "ok".into());
-        r
+        self.call(call, self.inner.nack(receipt, delay), |_| "ok".into()).await
     }
 
     async fn extend(&self, receipts: &[&str], visibility: Duration) -> Result<(), BrokerError> {
-        let started = Instant::now();
-        let r = self.inner.extend(receipts, visibility).await;
         let call = format!("extend {} visibility {visibility:?}", self.trace.receipts(self.who, receipts));
-        self.trace.note(self.who, started, call, &r, |_| "ok".into());
-        r
+        self.call(call, self.inner.extend(receipts, visibility), |_| "ok".into()).await
     }
 
     async fn pending(&self) -> Result<u64, BrokerError> {
-        let started = Instant::now();
-        let r = self.inner.pending().await;
-        self.trace.note(self.who, started, "pending".into(), &r, |n| n.to_string());
-        r
+        self.call("pending".into(), self.inner.pending(), |n| n.to_string()).await
     }
 
     fn semantics(&self) -> Semantics {
