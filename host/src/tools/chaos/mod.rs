@@ -7,7 +7,8 @@
 //! the workers run it injects faults at random moments: SIGKILL of a worker
 //! (restarted after a pause), SIGKILL and restart of Redis (a Redis of its
 //! own, persisting every write, so a restart is a crash, not a wipe),
-//! a restart of NATS (a server of its own, its streams on disk),
+//! a restart (SIGTERM) or a crash (SIGKILL) of NATS (a server of its own,
+//! its streams on disk, every write synced),
 //! termination of the deployment's Postgres connections, closing of the
 //! broker connections, and network partitions (a proxy in front of each
 //! server stalls or cuts every connection for longer than a lease). When the queue has drained it checks every
@@ -100,6 +101,8 @@ pub struct ChaosReport {
     pub partitions: u64,
     /// NATS stopped (SIGTERM) and restarted.
     pub nats_restarts: u64,
+    /// NATS killed (SIGKILL) and restarted.
+    pub nats_crashes: u64,
     /// Distinct messages whose effect is stored.
     pub effects: u64,
     /// Distinct effectful messages.
@@ -168,6 +171,7 @@ enum Fault {
     BrokerDisconnect,
     Partition,
     NatsRestart,
+    NatsCrash,
 }
 
 /// The example configuration, pointed at the run's namespace, mock,
@@ -318,9 +322,11 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
                 }
                 if nats.is_some() {
                     menu.push(Fault::NatsRestart);
+                    menu.push(Fault::NatsCrash);
                 }
             }
-            match menu[rng.random_range(0..menu.len())] {
+            let fault = menu[rng.random_range(0..menu.len())];
+            match fault {
                 Fault::Kill => {
                     let slot = rng.random_range(0..args.workers);
                     workers.kill(slot);
@@ -345,15 +351,19 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
                     tracing::info!(%what, "chaos: partition healed");
                     report.partitions += 1;
                 }
-                // A restart, not a crash: NATS 2.9 writes consumer state to
-                // disk lazily, and after SIGKILL its consumer can lose track
-                // of acks and pending deliveries (docs/RELIABILITY.md).
-                Fault::NatsRestart => {
+                // An operator's restart, or a crash: the server syncs every
+                // write (docs/RELIABILITY.md), so neither may lose a message.
+                Fault::NatsRestart | Fault::NatsCrash => {
                     let n = nats.as_mut().expect("on the menu only with a NATS");
-                    n.stop();
+                    if matches!(fault, Fault::NatsCrash) {
+                        n.kill();
+                        report.nats_crashes += 1;
+                    } else {
+                        n.stop();
+                        report.nats_restarts += 1;
+                    }
                     tokio::time::sleep(Duration::from_millis(rng.random_range(100..800))).await;
                     n.spawn()?;
-                    report.nats_restarts += 1;
                 }
                 Fault::BrokerDisconnect => match disconnect_broker(&config, redis.as_ref()).await {
                     Ok(true) => report.broker_disconnects += 1,
@@ -414,13 +424,14 @@ pub async fn run(args: &ChaosArgs) -> Result<ChaosReport> {
 pub async fn main(args: ChaosArgs) -> Result<ExitCode> {
     let report = run(&args).await?;
     eprintln!(
-        "idem chaos: {} messages ({} publishes), {} workers, {} kills, {} Redis restarts, {} NATS restarts, {} Postgres terminations, {} broker disconnects, {} partitions",
+        "idem chaos: {} messages ({} publishes), {} workers, {} kills, {} Redis restarts, {} NATS restarts, {} NATS crashes, {} Postgres terminations, {} broker disconnects, {} partitions",
         report.messages,
         report.published,
         report.workers,
         report.kills,
         report.redis_restarts,
         report.nats_restarts,
+        report.nats_crashes,
         report.postgres_terminations,
         report.broker_disconnects,
         report.partitions

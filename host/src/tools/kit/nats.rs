@@ -1,5 +1,7 @@
 //! A NATS server (JetStream on) of one's own, for runs that kill and
-//! restart it.
+//! restart it. It syncs every write of its store to disk
+//! (`sync_interval: always`, NATS 2.10+), the setting under which a crash
+//! of the server must lose nothing it acknowledged (docs/RELIABILITY.md).
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -30,9 +32,20 @@ impl OwnNats {
 
     /// Start it again (after [`kill`](Self::kill)).
     pub fn spawn(&mut self) -> Result<()> {
+        let config = self.dir.path().join("nats.conf");
+        // JSON is valid NATS configuration, and quotes the path whatever it holds.
+        let store = serde_json::to_string(&self.dir.path().join("store").to_string_lossy())?;
+        std::fs::write(
+            &config,
+            format!(
+                "listen: \"127.0.0.1:{}\"\njetstream {{\n  store_dir: {store}\n  sync_interval: always\n}}\n",
+                self.port
+            ),
+        )
+        .with_context(|| format!("cannot write {}", config.display()))?;
         let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
-            .arg(self.dir.path())
+            .arg("-c")
+            .arg(&config)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
