@@ -22,36 +22,42 @@ use crate::common::{services, wait_until};
 /// Delete a namespace's queues and exchange (the pool tests clean up with it).
 pub use crate::common::brokers::delete_amqp_namespace as delete_namespace;
 
-/// Acks take effect, `multiple` acks cover only what they should, and a
-/// second ack of one delivery is harmless (in AMQP it would close the
-/// channel). Checked from a second connection after the first closes: the
-/// only message that comes back is the one never acked.
+/// Acks take effect, `multiple` acks cover only what they should (also
+/// when one call acks the lowest held deliveries in a `multiple` ack and
+/// the others singly), and a second ack of one delivery is harmless (in
+/// AMQP it would close the channel). Checked from a second connection
+/// after the first closes: the only message that comes back is the one
+/// never acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_acks_single_and_multiple() {
     in_amqp_namespace(|ns| async move {
         let broker = brokers::amqp(&ns).await;
-        let all: Vec<Envelope> = (0..6).map(|i| envelope(&format!("m{i}"))).collect();
+        let all: Vec<Envelope> = (0..9).map(|i| envelope(&format!("m{i}"))).collect();
         broker.publish(&all, Duration::ZERO).await.unwrap();
-        let got = fetch_n(&broker, 6, Duration::from_secs(60), "six deliveries").await;
-        assert_eq!(ids(&got), vec!["m0", "m1", "m2", "m3", "m4", "m5"]);
+        let got = fetch_n(&broker, 9, Duration::from_secs(60), "nine deliveries").await;
+        assert_eq!(ids(&got), vec!["m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8"]);
         let r = receipts(&got);
 
         broker.ack(&[r[1], r[0]]).await.unwrap(); // every unacked tag up to m1: one multiple ack
         broker.ack(&[r[3]]).await.unwrap(); // m2 still held: a single ack
         broker.ack(&[r[5], r[4]]).await.unwrap(); // m2 still held: single acks
         broker.ack(&[r[0], r[3]]).await.unwrap(); // acked already: no effect
-        assert_eq!(broker.pending().await.unwrap(), 1, "m2 is left, and the channel survived");
+        assert_eq!(broker.pending().await.unwrap(), 4, "m2, m6, m7 and m8 are left");
+        // m2 and m6 are the lowest held: one multiple ack up to m6 (m3 – m5
+        // acked already), and m8 alone, as m7 is still held.
+        broker.ack(&[r[8], r[6], r[2]]).await.unwrap();
+        assert_eq!(broker.pending().await.unwrap(), 1, "m7 is left, and the channel survived");
         assert!(broker.ack(&["not-a-receipt"]).await.is_err(), "malformed receipts are refused");
 
         drop(broker);
         let other = brokers::amqp(&ns).await;
-        let back = fetch_until(&other, 10, Duration::from_secs(60), "the unacked m2 to come back").await;
-        assert_eq!(ids(&back), vec!["m2"]);
+        let back = fetch_until(&other, 10, Duration::from_secs(60), "the unacked m7 to come back").await;
+        assert_eq!(ids(&back), vec!["m7"]);
         assert_eq!(back[0].delivery_count, 2);
         // The server requeues all of a closed channel's unacked deliveries
-        // at once, and m2 came back: anything else it requeued would be
+        // at once, and m7 came back: anything else it requeued would be
         // ready in the queue now.
-        assert_eq!(other.pending().await.unwrap(), 1, "only m2, held here: acked messages stay acked");
+        assert_eq!(other.pending().await.unwrap(), 1, "only m7, held here: acked messages stay acked");
         other.ack(&[&back[0].receipt]).await.unwrap();
         assert_eq!(other.pending().await.unwrap(), 0);
     })

@@ -30,7 +30,11 @@ impl AmqpBroker {
         }
         tags.sort_unstable();
         tags.dedup();
-        let multiple = {
+        // The lowest unacked deliveries of the channel, when they are all
+        // among these, go in one `multiple` ack of the highest of them:
+        // nothing else unacked (fetched, or being settled by another call)
+        // lies at or below it, and later deliveries all have higher tags.
+        let covered = {
             let mut held = link.held();
             tags.retain(|t| match held.get_mut(t) {
                 Some(h) if !h.settling => {
@@ -39,26 +43,22 @@ impl AmqpBroker {
                 }
                 _ => false,
             });
-            let Some(&highest) = tags.last() else {
+            if tags.is_empty() {
                 return Ok(());
-            };
-            // Nothing else unacked (fetched or being settled) at or below the
-            // highest tag: later deliveries all have higher tags.
-            tags.len() > 1 && held.range(..=highest).count() == tags.len()
-        };
-        let result = if multiple {
-            let highest = *tags.last().expect("not empty");
-            link.consumer_channel.basic_ack(highest, BasicAckOptions { multiple: true }).await
-        } else {
-            let mut result = Ok(());
-            for tag in &tags {
-                result = link.consumer_channel.basic_ack(*tag, BasicAckOptions::default()).await;
-                if result.is_err() {
-                    break;
-                }
             }
-            result
+            held.keys().zip(&tags).take_while(|(h, t)| h == t).count()
         };
+        // The rest one by one, sent together: each ack resolves once its
+        // frame is written, and awaiting them in turn would wait for the
+        // connection's I/O loop once per delivery.
+        let (lowest, rest) = tags.split_at(if covered > 1 { covered } else { 0 });
+        let channel = &link.consumer_channel;
+        let multiple = lowest
+            .last()
+            .map(|&highest| channel.basic_ack(highest, BasicAckOptions { multiple: true }));
+        let single = rest.iter().map(|&tag| channel.basic_ack(tag, BasicAckOptions::default()));
+        let results = futures::future::join_all(multiple.into_iter().chain(single)).await;
+        let result = results.into_iter().collect::<Result<Vec<()>, _>>().map(drop);
         // Forgotten whatever the outcome: a failed ack means the channel is
         // gone, and with it the server's record of these deliveries.
         let mut held = link.held();
