@@ -224,10 +224,10 @@ impl Broker for AmqpBroker {
         self.take_with(max, wire::convert).await
     }
 
-    /// `basic.ack` the deliveries: the lowest of them, when they are every
-    /// unacked delivery up to the highest of those, in one `multiple` ack;
-    /// the others in single acks, sent together. Receipts from a closed connection have no effect: the
-    /// server has requeued those messages already.
+    /// `basic.ack` the deliveries: those that are every unacked delivery
+    /// up to the highest of them in one `multiple` ack, the others in
+    /// single acks, all sent together. Receipts from a closed connection
+    /// have no effect: the server has requeued those messages already.
     async fn ack(&self, receipts: &[&str]) -> Result<(), BrokerError> {
         self.settle(receipts).await
     }

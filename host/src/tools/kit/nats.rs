@@ -32,35 +32,61 @@ impl OwnNats {
 
     /// Start it again (after [`kill`](Self::kill)).
     pub fn spawn(&mut self) -> Result<()> {
-        let config = self.dir.path().join("nats.conf");
-        // JSON is valid NATS configuration, and quotes the path whatever it holds.
-        let store = serde_json::to_string(&self.dir.path().join("store").to_string_lossy())?;
+        let dir = self.dir.path();
+        let store = dir.join("store");
+        // Written inside NATS's double quotes, which take no escapes but
+        // a few: a path needing any is refused rather than changed.
+        let Some(store) = store
+            .to_str()
+            .filter(|s| !s.chars().any(|c| c.is_control() || c == '"' || c == '\\'))
+        else {
+            bail!(
+                "cannot give nats-server the store directory {} (not UTF-8, or holding quotes, backslashes or control characters): set TMPDIR to a plain path",
+                store.display()
+            );
+        };
+        let config = dir.join("nats.conf");
         std::fs::write(
             &config,
             format!(
-                "listen: \"127.0.0.1:{}\"\njetstream {{\n  store_dir: {store}\n  sync_interval: always\n}}\n",
+                "listen: \"127.0.0.1:{}\"\njetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n",
                 self.port
             ),
         )
         .with_context(|| format!("cannot write {}", config.display()))?;
-        let child = Command::new("nats-server")
+        let log_path = dir.join("nats.log");
+        let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut child = Command::new("nats-server")
             .arg("-c")
             .arg(&config)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .context(
                 "cannot start nats-server: is one on PATH? (Idem's repository installs one with \
                  scripts/services.sh, under target/tools/bin, which cargo xtask chaos puts first on PATH)",
             )?;
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("nats-server on port {} did not start", self.port);
+            let exited = child.try_wait().ok().flatten();
+            if exited.is_some() || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let last = said.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(nothing)");
+                bail!(
+                    "nats-server on port {} did not start ({}); it said: {last} (JetStream's sync_interval needs nats-server 2.10 or later: \
+                     scripts/services.sh installs 2.11.11 under target/tools/bin, which cargo xtask chaos puts first on PATH)",
+                    self.port,
+                    match exited {
+                        Some(status) => format!("it exited, {status}"),
+                        None => "not listening after 10 s".to_string(),
+                    }
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.child = Some(child);
         Ok(())
     }
 
