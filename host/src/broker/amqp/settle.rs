@@ -51,14 +51,13 @@ impl AmqpBroker {
         // The rest one by one, sent together: each ack resolves once its
         // frame is written, and awaiting them in turn would wait for the
         // connection's I/O loop once per delivery.
-        let (lowest, rest) = tags.split_at(if covered > 1 { covered } else { 0 });
+        let (lowest, rest) = tags.split_at(covered);
         let channel = &link.consumer_channel;
         let multiple = lowest
             .last()
             .map(|&highest| channel.basic_ack(highest, BasicAckOptions { multiple: true }));
         let single = rest.iter().map(|&tag| channel.basic_ack(tag, BasicAckOptions::default()));
-        let results = futures::future::join_all(multiple.into_iter().chain(single)).await;
-        let result = results.into_iter().collect::<Result<Vec<()>, _>>().map(drop);
+        let result = futures::future::try_join_all(multiple.into_iter().chain(single)).await.map(drop);
         // Forgotten whatever the outcome: a failed ack means the channel is
         // gone, and with it the server's record of these deliveries.
         let mut held = link.held();

@@ -4,7 +4,7 @@
 //! of the server must lose nothing it acknowledged (docs/RELIABILITY.md).
 
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -54,38 +54,14 @@ impl OwnNats {
             ),
         )
         .with_context(|| format!("cannot write {}", config.display()))?;
-        let log_path = dir.join("nats.log");
-        let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut child = Command::new("nats-server")
-            .arg("-c")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context(
-                "cannot start nats-server: is one on PATH? (Idem's repository installs one with \
-                 scripts/services.sh, under target/tools/bin, which cargo xtask chaos puts first on PATH)",
-            )?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            let exited = child.try_wait().ok().flatten();
-            if exited.is_some() || Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let said = std::fs::read_to_string(&log_path).unwrap_or_default();
-                let last = said.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(nothing)");
-                bail!(
-                    "nats-server on port {} did not start ({}); it said: {last} (JetStream's sync_interval needs nats-server 2.10 or later: \
-                     scripts/services.sh installs 2.11.11 under target/tools/bin, which cargo xtask chaos puts first on PATH)",
-                    self.port,
-                    match exited {
-                        Some(status) => format!("it exited, {status}"),
-                        None => "not listening after 10 s".to_string(),
-                    }
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = super::spawn_listening(
+            Command::new("nats-server").arg("-c").arg(&config),
+            "nats-server",
+            self.port,
+            &dir.join("nats.log"),
+            "it must be 2.10 or later, for JetStream's sync_interval: scripts/services.sh installs 2.11.11 \
+             under target/tools/bin, which cargo xtask chaos puts first on PATH",
+        )?;
         self.child = Some(child);
         Ok(())
     }

@@ -1,10 +1,9 @@
 //! A Redis server of one's own, for runs that kill and restart it.
 
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
 /// A Redis server of one's own on a free port, persisting every write
 /// (`appendfsync always`), so that SIGKILL and a restart is a crash, not a
@@ -30,33 +29,28 @@ impl OwnRedis {
 
     /// Start it again (after [`kill`](Self::kill)).
     pub fn spawn(&mut self) -> Result<()> {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start redis-server (install Debian's redis-server package)")?;
+        let child = super::spawn_listening(
+            Command::new("redis-server")
+                .args([
+                    "--port",
+                    &self.port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                    "--save",
+                    "",
+                ])
+                .arg("--dir")
+                .arg(self.dir.path()),
+            "redis-server",
+            self.port,
+            &self.dir.path().join("redis.log"),
+            "install Debian's redis-server package",
+        )?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("redis-server on port {} did not start", self.port);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
         Ok(())
     }
 
